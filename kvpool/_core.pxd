@@ -1,0 +1,46 @@
+# Data layout of the compiled core (see _core.pyx for the why).
+from cpython.object cimport PyObject
+from libc.stdint cimport int32_t, uint8_t, uint32_t
+
+
+cdef class _Store:
+    # Blocks 0..n-1, then the free list's head (n) and tail (n+1) sentinels.
+    cdef Py_ssize_t n
+    cdef Py_ssize_t num_free
+    cdef Py_ssize_t num_objs      # how many of objs[] are materialised
+    cdef int32_t *prev            # free-list links; -1: not in the list
+    cdef int32_t *next
+    cdef int32_t *ref_cnt
+    cdef uint8_t *flags           # _NULL, _MARK
+    cdef PyObject **hash          # owned reference to the hash key, or NULL
+    cdef PyObject **objs          # the block objects (owned, or borrowed if private)
+    cdef bint private             # a standalone block's own one-block store
+    cdef bint owned               # blocks handed to a queue or a pool for good
+
+    cdef object block(self, Py_ssize_t i)
+    cdef int materialise(self, Py_ssize_t first, Py_ssize_t count) except -1
+    cdef void unlink(self, Py_ssize_t i) noexcept
+    cdef void link_tail(self, Py_ssize_t i) noexcept
+
+
+cdef class KVCacheBlock:
+    cdef PyObject *_st            # the store holding this block's state
+    cdef int32_t _idx             # index in that store
+    cdef int32_t _bid             # block_id
+
+
+cdef class FreeKVCacheBlockQueue:
+    cdef _Store st
+
+
+cdef class BlockHashToBlockMap:
+    cdef dict _cache
+
+
+cdef class PoolCore:
+    # Released in this order: the handles' other owners before the store, so
+    # a dying pool does not move still-cached handles to private stores.
+    cdef list _blocks
+    cdef BlockHashToBlockMap _map
+    cdef FreeKVCacheBlockQueue _queue
+    cdef _Store st

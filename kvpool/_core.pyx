@@ -1,0 +1,967 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Compiled core of kvpool: the free queue, reference counts, hash keys and
+the prefix-cache map of a block pool.
+
+Why this shape:
+
+* Per-block state lives in C arrays of a ``_Store`` indexed by block id:
+  the free list's prev/next indices (head and tail sentinels at ``n`` and
+  ``n+1``, ``-1`` meaning "not in the list"), reference counts, flags and the
+  hash key. Bulk operations walk these arrays in C and touch no Python object
+  per block beyond filling the result list.
+* A ``KVCacheBlock`` is a 32-byte handle (store pointer, index, id). A pool's
+  handles are created lazily, the first time a block is handed out, and then
+  kept by the store, so ``pool.blocks[i]`` is always the same object and a
+  million-block pool costs ~30 bytes per block until its blocks are used.
+* No reference cycles: the store owns its handles, a handle only *borrows*
+  its store. No class here needs the cycle collector (``no_gc``), so a pool of
+  any size adds nothing to ``gc.collect()``. When a store dies, every handle
+  still referenced elsewhere is moved to a one-block store of its own with its
+  last state, so a block that outlives its pool stays safe to use.
+* Every public entry point validates all of its input before it mutates
+  anything: a call that raises has changed nothing (no ``assert``).
+"""
+
+cimport cython
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_Check, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_DelItem, PyDict_GetItem, PyDict_Next, PyDict_SetItem
+from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
+from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
+from cpython.sequence cimport PySequence_Fast, PySequence_Fast_GET_ITEM, PySequence_Fast_GET_SIZE
+from libc.stdint cimport INT32_MAX, int32_t, uint8_t, uint32_t
+from libc.string cimport memcpy
+
+cdef extern from "Python.h":
+    Py_ssize_t Py_REFCNT(object o)
+    bint PyList_CheckExact(object o)
+    bint PyTuple_CheckExact(object o)
+
+cdef enum:
+    _NULL = 1       # the pool's null block
+    _MARK = 2       # scratch bit: "seen in this call" (always clear between calls)
+
+DEF GROUP_ID_BYTES = 4
+# Largest pool: indices, sentinels included, must fit an int32.
+cdef Py_ssize_t MAX_BLOCKS = INT32_MAX - 2
+
+
+@cython.final
+@cython.no_gc
+cdef class _Store:
+    """C arrays holding the state of ``n`` blocks plus two sentinels."""
+
+    def __cinit__(self, Py_ssize_t n, bint private=False):
+        cdef Py_ssize_t size = n + 2, i
+        self.n = n
+        self.private = private
+        self.prev = <int32_t *> PyMem_Malloc(size * sizeof(int32_t))
+        self.next = <int32_t *> PyMem_Malloc(size * sizeof(int32_t))
+        self.ref_cnt = <int32_t *> PyMem_Calloc(size, sizeof(int32_t))
+        self.flags = <uint8_t *> PyMem_Calloc(size, sizeof(uint8_t))
+        self.hash = <PyObject **> PyMem_Calloc(size, sizeof(PyObject *))
+        self.objs = <PyObject **> PyMem_Calloc(size, sizeof(PyObject *))
+        if (self.prev == NULL or self.next == NULL or self.ref_cnt == NULL
+                or self.flags == NULL or self.hash == NULL or self.objs == NULL):
+            raise MemoryError(f"cannot allocate the state of {n} blocks")
+        for i in range(size):
+            self.prev[i] = -1
+            self.next[i] = -1
+        # An empty list: the head's next is the tail and back.
+        self.next[n] = <int32_t> (n + 1)
+        self.prev[n + 1] = <int32_t> n
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i, size = self.n + 2
+        cdef PyObject *o
+        cdef KVCacheBlock b
+        if self.objs != NULL and not self.private:
+            for i in range(size):
+                o = self.objs[i]
+                if o == NULL:
+                    continue
+                self.objs[i] = NULL
+                b = <KVCacheBlock> o
+                if Py_REFCNT(b) > 2:  # referenced beyond `b` and our slot
+                    _detach(b, self, i)
+                else:
+                    b._st = NULL
+                Py_DECREF(b)  # our slot's reference; `b` still holds one
+        if self.hash != NULL:
+            for i in range(size):
+                Py_XDECREF(self.hash[i])
+        PyMem_Free(self.prev)
+        PyMem_Free(self.next)
+        PyMem_Free(self.ref_cnt)
+        PyMem_Free(self.flags)
+        PyMem_Free(self.hash)
+        PyMem_Free(self.objs)
+
+    cdef object block(self, Py_ssize_t i):
+        """The handle of block ``i`` (0 <= i < n + 2), created on first use."""
+        if self.objs[i] == NULL:
+            self.materialise(i, 1)
+        return <object> self.objs[i]
+
+    cdef int materialise(self, Py_ssize_t first, Py_ssize_t count) except -1:
+        cdef Py_ssize_t i
+        cdef KVCacheBlock b
+        for i in range(first, first + count):
+            if self.objs[i] != NULL:
+                continue
+            b = KVCacheBlock.__new__(KVCacheBlock)
+            b._st = <PyObject *> self
+            b._idx = <int32_t> i
+            b._bid = <int32_t> i if i < self.n else -1
+            Py_INCREF(b)
+            self.objs[i] = <PyObject *> b
+            self.num_objs += 1
+        return 0
+
+    cdef void unlink(self, Py_ssize_t i) noexcept:
+        cdef int32_t p = self.prev[i], nx = self.next[i]
+        self.next[p] = nx
+        self.prev[nx] = p
+        self.prev[i] = -1
+        self.next[i] = -1
+        self.num_free -= 1
+
+    cdef void link_tail(self, Py_ssize_t i) noexcept:
+        cdef Py_ssize_t tail = self.n + 1
+        cdef int32_t last = self.prev[tail]
+        self.next[last] = <int32_t> i
+        self.prev[i] = last
+        self.next[i] = <int32_t> tail
+        self.prev[tail] = <int32_t> i
+        self.num_free += 1
+
+
+cdef int _detach(KVCacheBlock b, _Store st, Py_ssize_t i) except -1:
+    """Give ``b`` a private store with its last state (its store is dying)."""
+    cdef _Store mine = _Store(1, True)
+    mine.ref_cnt[0] = st.ref_cnt[i]
+    mine.flags[0] = st.flags[i] & _NULL
+    mine.hash[0] = st.hash[i]
+    st.hash[i] = NULL
+    mine.objs[0] = <PyObject *> b  # borrowed: the block owns its private store
+    mine.num_objs = 1
+    Py_INCREF(mine)
+    b._st = <PyObject *> mine
+    b._idx = 0
+    return 0
+
+
+cdef inline Py_ssize_t _check_count(object n, str what) except -1:
+    if not isinstance(n, int):
+        raise TypeError(f"{what} must be an int, got {type(n).__name__}")
+    if n < 0:
+        raise ValueError(f"{what} must be >= 0, got {n}")
+    return n
+
+
+cdef inline uint32_t _check_group(object g) except? 0xFFFFFFFF:
+    if not isinstance(g, int):
+        raise TypeError(f"kv_cache_group_id must be an int, got {type(g).__name__}")
+    if g < 0 or g > 0xFFFFFFFF:
+        raise OverflowError(f"kv_cache_group_id {g} does not fit in 4 bytes")
+    return <uint32_t> g
+
+
+cdef inline object _check_hash(object h):
+    if not PyBytes_Check(h):
+        raise TypeError(f"a block hash must be bytes, got {type(h).__name__}")
+    return h
+
+
+cdef inline bytes _make_key(object h, uint32_t group):
+    """``h + group.to_bytes(4, "big")`` without intermediate objects."""
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(h)
+    cdef bytes key = PyBytes_FromStringAndSize(NULL, size + GROUP_ID_BYTES)
+    cdef char *buf = PyBytes_AS_STRING(key)
+    memcpy(buf, PyBytes_AS_STRING(h), size)
+    buf[size] = <char> ((group >> 24) & 0xFF)
+    buf[size + 1] = <char> ((group >> 16) & 0xFF)
+    buf[size + 2] = <char> ((group >> 8) & 0xFF)
+    buf[size + 3] = <char> (group & 0xFF)
+    return key
+
+
+cdef inline Py_ssize_t _index_in(_Store st, object o, bint sentinel_ok) except -1:
+    """Index of block ``o`` in ``st``; raises unless it is one of its blocks."""
+    cdef KVCacheBlock b
+    if not isinstance(o, KVCacheBlock):
+        raise TypeError(f"expected a KVCacheBlock, got {type(o).__name__}")
+    b = <KVCacheBlock> o
+    if b._st != <PyObject *> st or (b._idx >= st.n and not sentinel_ok):
+        raise ValueError(f"block {b._bid} does not belong to this pool")
+    return b._idx
+
+
+cdef inline _Store _live_store(KVCacheBlock b):
+    if b._st == NULL:
+        raise RuntimeError("KVCacheBlock was not initialised")
+    return <_Store> b._st
+
+
+@cython.final
+@cython.no_gc
+cdef class KVCacheBlock:
+    """Metadata of one KV-cache block (the tensors live on the GPU).
+
+    A handle onto a slot of a store: reading an attribute reads the pool's C
+    arrays. Compares and hashes by identity.
+    """
+
+    def __cinit__(self, *args, **kwargs):
+        self._st = NULL
+
+    def __init__(
+        self,
+        block_id,
+        ref_cnt=0,
+        _block_hash=None,
+        prev_free_block=None,
+        next_free_block=None,
+        is_null=False,
+    ):
+        if self._st != NULL:
+            raise RuntimeError("KVCacheBlock is already initialised")
+        if isinstance(block_id, bool) or not isinstance(block_id, int):
+            raise TypeError(f"block_id must be an int, got {type(block_id).__name__}")
+        if not (-2**31 <= block_id < 2**31):
+            raise ValueError(f"block_id {block_id} is out of range [-2**31, 2**31)")
+        if prev_free_block is not None or next_free_block is not None:
+            raise ValueError("a new block cannot be linked to a free list")
+        _check_ref_cnt(ref_cnt)
+        if _block_hash is not None:
+            _check_hash(_block_hash)
+        cdef _Store st = _Store(1, True)
+        st.ref_cnt[0] = ref_cnt
+        st.flags[0] = _NULL if is_null else 0
+        if _block_hash is not None:
+            Py_INCREF(_block_hash)
+            st.hash[0] = <PyObject *> _block_hash
+        st.objs[0] = <PyObject *> self  # borrowed (private store)
+        st.num_objs = 1
+        Py_INCREF(st)
+        self._st = <PyObject *> st
+        self._idx = 0
+        self._bid = block_id
+
+    def __dealloc__(self):
+        cdef _Store st
+        if self._st != NULL:
+            st = <_Store> self._st
+            if st.private:
+                st.objs[0] = NULL
+                self._st = NULL
+                Py_DECREF(st)
+
+    @property
+    def block_id(self):
+        return self._bid
+
+    @property
+    def ref_cnt(self):
+        return _live_store(self).ref_cnt[self._idx]
+
+    @ref_cnt.setter
+    def ref_cnt(self, value):
+        cdef _Store st = _live_store(self)
+        _check_ref_cnt(value)
+        st.ref_cnt[self._idx] = value
+
+    @property
+    def is_null(self):
+        return bool(_live_store(self).flags[self._idx] & _NULL)
+
+    @is_null.setter
+    def is_null(self, value):
+        cdef _Store st = _live_store(self)
+        if value:
+            st.flags[self._idx] |= _NULL
+        else:
+            st.flags[self._idx] &= ~_NULL
+
+    @property
+    def block_hash(self):
+        cdef _Store st = _live_store(self)
+        cdef PyObject *h = st.hash[self._idx]
+        return None if h == NULL else <object> h
+
+    @block_hash.setter
+    def block_hash(self, value):
+        cdef _Store st = _live_store(self)
+        if value is not None:
+            _check_hash(value)
+        if st.hash[self._idx] != NULL:
+            raise RuntimeError(
+                f"block {self._bid} already has a hash; reset_hash() it first"
+            )
+        if value is not None:
+            Py_INCREF(value)
+            st.hash[self._idx] = <PyObject *> value
+
+    @property
+    def _block_hash(self):
+        return self.block_hash
+
+    def reset_hash(self):
+        """Forget the block's hash key (when its cache entry is evicted)."""
+        cdef _Store st = _live_store(self)
+        cdef PyObject *h = st.hash[self._idx]
+        st.hash[self._idx] = NULL
+        Py_XDECREF(h)
+
+    @property
+    def prev_free_block(self):
+        cdef _Store st = _live_store(self)
+        cdef int32_t p = st.prev[self._idx]
+        return None if p < 0 else st.block(p)
+
+    @property
+    def next_free_block(self):
+        cdef _Store st = _live_store(self)
+        cdef int32_t nx = st.next[self._idx]
+        return None if nx < 0 else st.block(nx)
+
+    def __repr__(self):
+        cdef _Store st = _live_store(self)
+        cdef int32_t p = st.prev[self._idx], nx = st.next[self._idx]
+        return (
+            f"KVCacheBlock(block_id={self._bid}, "
+            f"ref_cnt={st.ref_cnt[self._idx]}, "
+            f"_block_hash={self.block_hash!r}, "
+            f"prev_free_block={_neighbour_id(st, p)}, "
+            f"next_free_block={_neighbour_id(st, nx)})"
+        )
+
+    def __reduce__(self):
+        raise TypeError("KVCacheBlock cannot be pickled: it is a view of its pool")
+
+
+cdef object _neighbour_id(_Store st, int32_t i):
+    if i < 0:
+        return None
+    if i >= st.n:
+        return -1  # a sentinel
+    if st.objs[i] != NULL:
+        return (<KVCacheBlock> st.objs[i])._bid
+    return i  # a pool block not handed out yet: its id is its index
+
+
+cdef inline int _check_ref_cnt(object value) except -1:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"ref_cnt must be an int, got {type(value).__name__}")
+    if not (0 <= value <= INT32_MAX):
+        raise ValueError(f"ref_cnt must be in [0, {INT32_MAX}], got {value}")
+    return 0
+
+
+cdef FreeKVCacheBlockQueue _queue_over(_Store st):
+    cdef FreeKVCacheBlockQueue q = FreeKVCacheBlockQueue.__new__(FreeKVCacheBlockQueue)
+    q.st = st
+    return q
+
+
+@cython.final
+@cython.no_gc
+cdef class FreeKVCacheBlockQueue:
+    """Free blocks in eviction order: least recently freed at the head.
+
+    A doubly linked list, not a ``deque``, because a prefix-cache hit must pull
+    a block out of the middle in O(1). The links are int32 indices in the
+    store's arrays, so linking and unlinking allocate nothing.
+    """
+
+    def __cinit__(self, *args, **kwargs):
+        self.st = _Store(0)
+
+    def __init__(self, blocks):
+        cdef object seq = PySequence_Fast(blocks, "blocks must be a sequence of KVCacheBlock")
+        cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), i
+        cdef KVCacheBlock b
+        cdef _Store old, st
+        if n > MAX_BLOCKS:
+            raise ValueError(f"too many blocks: {n} > {MAX_BLOCKS}")
+        seen = set()
+        for i in range(n):
+            o = <object> PySequence_Fast_GET_ITEM(seq, i)
+            if not isinstance(o, KVCacheBlock):
+                raise TypeError(f"expected a KVCacheBlock, got {type(o).__name__}")
+            b = <KVCacheBlock> o
+            if b._st == NULL:
+                raise RuntimeError("KVCacheBlock was not initialised")
+            if not (<_Store> b._st).private or (<_Store> b._st).owned:
+                raise ValueError(f"block {b._bid} already belongs to a pool or queue")
+            if id(b) in seen:
+                raise ValueError(f"block {b._bid} appears twice")
+            seen.add(id(b))
+        st = _Store(n)
+        st.owned = True
+        for i in range(n):
+            b = <KVCacheBlock> PySequence_Fast_GET_ITEM(seq, i)
+            old = <_Store> b._st
+            st.ref_cnt[i] = old.ref_cnt[0]
+            st.flags[i] = old.flags[0]
+            st.hash[i] = old.hash[0]
+            old.hash[0] = NULL
+            old.objs[0] = NULL
+            Py_INCREF(b)
+            st.objs[i] = <PyObject *> b
+            b._st = <PyObject *> st
+            b._idx = <int32_t> i
+            Py_DECREF(old)  # the private store the block owned
+            st.link_tail(i)
+        st.num_objs = n
+        self.st = st
+
+    @property
+    def num_free_blocks(self):
+        return self.st.num_free
+
+    @property
+    def fake_free_list_head(self):
+        return self.st.block(self.st.n)
+
+    @property
+    def fake_free_list_tail(self):
+        return self.st.block(self.st.n + 1)
+
+    def popleft(self):
+        """Pop the block at the head (the next eviction candidate)."""
+        cdef _Store st = self.st
+        if st.num_free == 0:
+            raise ValueError("No free blocks available")
+        cdef int32_t i = st.next[st.n]
+        b = st.block(i)
+        st.unlink(i)
+        return b
+
+    def popleft_n(self, n):
+        """Pop the ``n`` blocks at the head, in order."""
+        cdef Py_ssize_t k = _check_count(n, "n")
+        cdef _Store st = self.st
+        if k > st.num_free:
+            raise ValueError(f"Cannot pop {k} blocks: only {st.num_free} are free")
+        return _popleft_n(st, k)
+
+    def remove(self, block):
+        """Take ``block`` out of the queue, wherever it is (O(1))."""
+        cdef _Store st = self.st
+        cdef Py_ssize_t i = _index_in(st, block, False)
+        if st.prev[i] < 0:
+            raise RuntimeError(f"remove() called on block {i}, which is not in the free queue")
+        st.unlink(i)
+
+    def append(self, block):
+        """Put ``block`` at the tail (evicted last)."""
+        cdef _Store st = self.st
+        cdef Py_ssize_t i = _index_in(st, block, False)
+        if st.prev[i] >= 0:
+            raise ValueError(f"block {(<KVCacheBlock> block)._bid} is already in the free queue")
+        st.link_tail(i)
+
+    def append_n(self, blocks):
+        """Put ``blocks`` at the tail, in order."""
+        cdef object seq = PySequence_Fast(blocks, "blocks must be a sequence of KVCacheBlock")
+        _append_n(self.st, seq, False)
+
+    def get_all_free_blocks(self):
+        """The free blocks from head to tail."""
+        cdef _Store st = self.st
+        cdef Py_ssize_t k = st.num_free, j
+        cdef int32_t i = st.next[st.n]
+        ret = PyList_New(k)
+        for j in range(k):
+            o = st.block(i)
+            Py_INCREF(o)
+            PyList_SET_ITEM(ret, j, o)
+            i = st.next[i]
+        return ret
+
+
+cdef list _popleft_n(_Store st, Py_ssize_t k, bint allocate=False,
+                     bint evict=False, dict cache=None, list removed=None):
+    """Pop ``k <= num_free`` blocks from the head, in one walk and with no
+    per-block Python call. With ``allocate`` each popped block gets
+    ``ref_cnt = 1`` and, with ``evict``, loses its cached hash (the evicted
+    keys are appended to ``removed``)."""
+    cdef Py_ssize_t j
+    cdef int32_t i, nx, head = <int32_t> st.n
+    cdef PyObject *o
+    cdef PyObject *h
+    if st.num_objs < st.n:
+        # Create missing handles first, so nothing below can fail midway.
+        i = st.next[head]
+        for j in range(k):
+            if st.objs[i] == NULL:
+                st.materialise(i, 1)
+            i = st.next[i]
+    ret = PyList_New(k)
+    i = st.next[head]
+    for j in range(k):
+        o = st.objs[i]
+        Py_INCREF(<object> o)
+        PyList_SET_ITEM(ret, j, <object> o)
+        if allocate:
+            st.ref_cnt[i] = 1
+            h = st.hash[i]
+            if evict and h != NULL and _pop_block(cache, <object> h, <KVCacheBlock> o):
+                st.hash[i] = NULL
+                if removed is not None:
+                    PyList_Append(removed, <object> h)
+                Py_DECREF(<object> h)
+        nx = st.next[i]
+        st.prev[i] = -1
+        st.next[i] = -1
+        i = nx
+    st.next[head] = i
+    st.prev[i] = head
+    st.num_free -= k
+    return ret
+
+
+cdef int _append_n(_Store st, object seq, bint only_freed) except -1:
+    """Link every block of ``seq`` (a PySequence_Fast) at the tail, after
+    checking all of them: pool blocks, not in the queue, no duplicates."""
+    cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), j, i, bad = -1
+    for j in range(n):
+        i = _index_in(st, <object> PySequence_Fast_GET_ITEM(seq, j), False)
+        if st.prev[i] >= 0 or st.flags[i] & _MARK:
+            bad = j
+            break
+        st.flags[i] |= _MARK
+    for j in range(n if bad < 0 else bad):
+        st.flags[(<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx] &= ~_MARK
+    if bad >= 0:
+        b = <KVCacheBlock> PySequence_Fast_GET_ITEM(seq, bad)
+        if st.prev[b._idx] >= 0:
+            raise ValueError(f"block {b._bid} is already in the free queue")
+        raise ValueError(f"block {b._bid} appears twice")
+    for j in range(n):
+        st.link_tail((<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx)
+    return 0
+
+
+@cython.final
+@cython.no_gc
+cdef class BlockHashToBlockMap:
+    """Prefix-cache index: hash key -> block, or -> {block_id: block} when
+    several blocks share a key (keys are never de-duplicated, so a block id
+    handed to a request never changes). Storing a lone block directly keeps
+    the common case free of inner dicts.
+    """
+
+    def __cinit__(self):
+        self._cache = {}
+
+    def get_one_block(self, key):
+        """The earliest-inserted block cached under ``key``, or ``None``."""
+        _check_key(key)
+        return _get_one(self._cache, key)
+
+    def insert(self, key, block):
+        """Cache ``block`` under ``key`` (after any block already there)."""
+        _check_key(key)
+        if not isinstance(block, KVCacheBlock):
+            raise TypeError(f"expected a KVCacheBlock, got {type(block).__name__}")
+        _insert(self._cache, key, block)
+
+    def pop(self, key, block_id):
+        """Remove and return the block ``block_id`` cached under ``key``, or
+        ``None`` (and change nothing)."""
+        _check_key(key)
+        return _pop(self._cache, key, block_id)
+
+    def __len__(self):
+        return len(self._cache)
+
+
+cdef inline int _check_key(object key) except -1:
+    if not PyBytes_Check(key):
+        raise TypeError(f"a hash key must be bytes, got {type(key).__name__}")
+    return 0
+
+
+cdef inline object _get_one(dict cache, object key):
+    cdef PyObject *v = PyDict_GetItem(cache, key)
+    cdef PyObject *k
+    cdef PyObject *first
+    cdef Py_ssize_t pos = 0
+    if v == NULL:
+        return None
+    if type(<object> v) is dict:
+        PyDict_Next(<object> v, &pos, &k, &first)
+        return <object> first
+    return <object> v
+
+
+cdef int _insert(dict cache, object key, object block) except -1:
+    cdef PyObject *v = PyDict_GetItem(cache, key)
+    if v == NULL:
+        PyDict_SetItem(cache, key, block)
+    elif type(<object> v) is dict:
+        (<dict> v)[(<KVCacheBlock> block)._bid] = block
+    else:
+        cache[key] = {(<KVCacheBlock> <object> v)._bid: <object> v,
+                      (<KVCacheBlock> block)._bid: block}
+    return 0
+
+
+cdef object _pop(dict cache, object key, object block_id):
+    cdef PyObject *v = PyDict_GetItem(cache, key)
+    if v == NULL:
+        return None
+    blocks = <object> v
+    if type(blocks) is dict:
+        block = (<dict> blocks).pop(block_id, None)
+        if not blocks:
+            PyDict_DelItem(cache, key)
+        return block
+    if (<KVCacheBlock> blocks)._bid == block_id:
+        PyDict_DelItem(cache, key)
+        return blocks
+    return None
+
+
+cdef inline bint _pop_block(dict cache, object key, KVCacheBlock b) except -1:
+    """``_pop(cache, key, b.block_id) is not None``, without boxing the id in
+    the common (single block) case."""
+    cdef PyObject *v = PyDict_GetItem(cache, key)
+    if v == NULL:
+        return False
+    if type(<object> v) is dict:
+        return _pop(cache, key, b._bid) is not None
+    if (<KVCacheBlock> <object> v)._bid == b._bid:
+        PyDict_DelItem(cache, key)
+        return True
+    return False
+
+
+@cython.no_gc_clear
+cdef class PoolCore:
+    """The block bookkeeping of a pool; ``kvpool.BlockPool`` subclasses it and
+    adds events and metrics. ``PoolCore(num_gpu_blocks, *facade_args)``."""
+
+    def __cinit__(self, num_gpu_blocks, *args, **kwargs):
+        cdef Py_ssize_t n, i
+        if isinstance(num_gpu_blocks, bool) or not isinstance(num_gpu_blocks, int):
+            raise TypeError(
+                f"num_gpu_blocks must be an int, got {type(num_gpu_blocks).__name__}"
+            )
+        if not (1 <= num_gpu_blocks <= MAX_BLOCKS - 1):
+            raise ValueError(
+                f"num_gpu_blocks must be in [1, {MAX_BLOCKS - 1}], got {num_gpu_blocks}"
+            )
+        n = num_gpu_blocks
+        st = _Store(n)
+        st.owned = True
+        # Block 0 is the null block: never in the queue.
+        st.flags[0] = _NULL
+        for i in range(1, n):
+            st.prev[i] = <int32_t> (i - 1)
+            st.next[i] = <int32_t> (i + 1)
+        if n > 1:
+            st.next[n] = 1
+            st.prev[1] = <int32_t> n
+            st.next[n - 1] = <int32_t> (n + 1)
+            st.prev[n + 1] = <int32_t> (n - 1)
+        st.num_free = n - 1
+        self.st = st
+        self._queue = _queue_over(st)
+        self._map = BlockHashToBlockMap()
+        self._blocks = None
+
+    def __init__(self, num_gpu_blocks, *args, **kwargs):
+        pass  # everything is done in __cinit__
+
+    @property
+    def num_gpu_blocks(self):
+        return self.st.n
+
+    @property
+    def blocks(self):
+        """All blocks, ``blocks[i].block_id == i`` (created on first access)."""
+        cdef _Store st = self.st
+        cdef Py_ssize_t i
+        if self._blocks is None:
+            st.materialise(0, st.n)
+            blocks = PyList_New(st.n)
+            for i in range(st.n):
+                o = <object> st.objs[i]
+                Py_INCREF(o)
+                PyList_SET_ITEM(blocks, i, o)
+            self._blocks = blocks
+        return self._blocks
+
+    @property
+    def free_block_queue(self):
+        return self._queue
+
+    @property
+    def cached_block_hash_to_block(self):
+        return self._map
+
+    @property
+    def null_block(self):
+        return self.st.block(0)
+
+    def get_num_free_blocks(self):
+        """Number of blocks in the free queue."""
+        return self.st.num_free
+
+    def get_usage(self):
+        """KV-cache usage in [0, 1]; the null block is not counted."""
+        cdef Py_ssize_t total = self.st.n - 1
+        if total == 0:
+            return 0
+        return 1.0 - (<double> self.st.num_free / <double> total)
+
+    def get_cached_block(self, block_hash, kv_cache_group_ids):
+        """The cached block for ``block_hash`` in each group, or ``None`` if
+        any group misses (all or nothing)."""
+        _check_hash(block_hash)
+        cdef dict cache = self._map._cache
+        cdef list ret = []
+        for g in kv_cache_group_ids:
+            b = _get_one(cache, _make_key(block_hash, _check_group(g)))
+            if b is None:
+                return None
+            PyList_Append(ret, b)
+        return ret
+
+    def find_longest_cache_hit(self, block_hashes, kv_cache_group_ids, max_blocks=None):
+        """Per group, the blocks of the longest prefix of ``block_hashes``
+        cached in every group (at most ``max_blocks``), in one call. Same
+        result as calling ``get_cached_block`` per hash until the first miss."""
+        cdef object groups = PySequence_Fast(kv_cache_group_ids, "kv_cache_group_ids must be a sequence")
+        cdef object hashes = PySequence_Fast(block_hashes, "block_hashes must be a sequence")
+        cdef Py_ssize_t ng = PySequence_Fast_GET_SIZE(groups)
+        cdef Py_ssize_t limit = PySequence_Fast_GET_SIZE(hashes), j, g
+        cdef dict cache = self._map._cache
+        cdef uint32_t *gids
+        cdef uint32_t gid0
+        if max_blocks is not None:
+            limit = min(limit, _check_count(max_blocks, "max_blocks"))
+        if ng == 0:
+            return []
+        if ng == 1:
+            # The common case: one group, one result list, no scratch array.
+            gid0 = _check_group(<object> PySequence_Fast_GET_ITEM(groups, 0))
+            hit = []
+            for j in range(limit):
+                b = _get_one(cache, _make_key(
+                    _check_hash(<object> PySequence_Fast_GET_ITEM(hashes, j)), gid0))
+                if b is None:
+                    break
+                PyList_Append(hit, b)
+            return [hit]
+        gids = <uint32_t *> PyMem_Malloc(ng * sizeof(uint32_t))
+        if gids == NULL:
+            raise MemoryError()
+        try:
+            for g in range(ng):
+                gids[g] = _check_group(<object> PySequence_Fast_GET_ITEM(groups, g))
+            result = [[] for g in range(ng)]
+            row = [None] * ng
+            for j in range(limit):
+                h = _check_hash(<object> PySequence_Fast_GET_ITEM(hashes, j))
+                for g in range(ng):
+                    b = _get_one(cache, _make_key(h, gids[g]))
+                    if b is None:
+                        return result
+                    row[g] = b
+                for g in range(ng):
+                    PyList_Append(<list> result[g], row[g])
+            return result
+        finally:
+            PyMem_Free(gids)
+
+    def free_blocks(self, ordered_blocks):
+        """Drop one reference from each block; blocks reaching 0 go to the
+        free queue's tail in the given order (callers pass a request's blocks
+        in reverse, so the chain's tail is evicted before its shared prefix).
+        Null blocks are skipped."""
+        cdef object seq = PySequence_Fast(ordered_blocks, "ordered_blocks must be iterable")
+        cdef _Store st = self.st
+        cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), j, i, done = 0
+        cdef str problem = None
+        # Pass 1: check and decrement, marking each block; undo on error.
+        while done < n:
+            i = _index_in_or_none(st, <object> PySequence_Fast_GET_ITEM(seq, done))
+            if i < 0:
+                problem = "foreign"
+                break
+            if not (st.flags[i] & _NULL):
+                if st.flags[i] & _MARK:
+                    problem = "twice"
+                    break
+                if st.ref_cnt[i] <= 0:
+                    problem = "zero"
+                    break
+                st.flags[i] |= _MARK
+                st.ref_cnt[i] -= 1
+            done += 1
+        for j in range(done):
+            i = (<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx
+            if st.flags[i] & _MARK:
+                st.flags[i] &= ~_MARK
+                if problem is not None:
+                    st.ref_cnt[i] += 1
+        if problem is not None:
+            _raise_free_error(st, <object> PySequence_Fast_GET_ITEM(seq, done), problem)
+        # Pass 2: the blocks that reached zero join the queue, in order.
+        for j in range(n):
+            i = (<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx
+            if st.ref_cnt[i] == 0 and st.prev[i] < 0 and not (st.flags[i] & _NULL):
+                st.link_tail(i)
+
+    def _allocate(self, num_blocks, bint evict, list removed):
+        cdef Py_ssize_t k = _check_count(num_blocks, "num_blocks")
+        cdef _Store st = self.st
+        cdef dict cache = self._map._cache
+        if k > st.num_free:
+            raise ValueError(
+                f"Cannot get {k} free blocks from the pool ({st.num_free} free)"
+            )
+        return _popleft_n(st, k, True, evict, cache, removed)
+
+    def _evict_block(self, block, list removed):
+        cdef _Store st = self.st
+        cdef Py_ssize_t i = _index_in(st, block, False)
+        return _evict_one(st, self._map._cache, i, removed)
+
+    def _evict_block_ids(self, list block_ids, list removed):
+        cdef _Store st = self.st
+        cdef dict cache = self._map._cache
+        for block_id in block_ids:
+            if not isinstance(block_id, int):
+                raise TypeError(f"block ids must be ints, got {type(block_id).__name__}")
+            if not (0 <= block_id < st.n):
+                raise ValueError(
+                    f"Invalid block_id {block_id}: the pool has blocks 0..{st.n - 1}"
+                )
+        for block_id in block_ids:
+            _evict_one(st, cache, block_id, removed)
+
+    def _touch(self, blocks):
+        cdef object seq = PySequence_Fast(blocks, "blocks must be a sequence of KVCacheBlock")
+        cdef _Store st = self.st
+        cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), j, i
+        for j in range(n):
+            i = _index_in(st, <object> PySequence_Fast_GET_ITEM(seq, j), False)
+            if st.ref_cnt[i] > INT32_MAX - n:
+                raise ValueError(f"block {i}: ref_cnt would overflow")
+        for j in range(n):
+            i = (<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx
+            if st.flags[i] & _NULL:
+                continue
+            if st.prev[i] >= 0:
+                st.unlink(i)
+            st.ref_cnt[i] += 1
+
+    def _cache_blocks(self, blocks, start, stop, block_hashes, group_id, list stored):
+        cdef _Store st = self.st
+        cdef Py_ssize_t first, n, j, i, bad = -1
+        cdef uint32_t gid
+        if start >= stop:
+            return
+        if start < 0:
+            raise ValueError(f"num_cached_blocks must be >= 0, got {start}")
+        gid = _check_group(group_id)
+        if len(block_hashes) < stop:
+            raise ValueError(
+                f"the request has {len(block_hashes)} block hashes, "
+                f"{stop} are needed to cache blocks up to {stop}"
+            )
+        first = start
+        seq = PySequence_Fast(blocks[start:stop], "blocks must be a sequence")
+        n = PySequence_Fast_GET_SIZE(seq)
+        # Check each block and fetch its hash once (a BlockHashListWithBlockSize
+        # builds them on access); None stands for a skipped null block.
+        hashes = [None] * n
+        for j in range(n):
+            i = _index_in(st, <object> PySequence_Fast_GET_ITEM(seq, j), False)
+            if st.flags[i] & _NULL:
+                continue
+            if st.hash[i] != NULL:
+                raise RuntimeError(f"block {i} already has a hash")
+            hashes[j] = _check_hash(block_hashes[first + j])
+        # Then duplicates, with the scratch mark (no Python code runs while
+        # marks are set).
+        for j in range(n):
+            if hashes[j] is None:
+                continue
+            i = (<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx
+            if st.flags[i] & _MARK:
+                bad = j
+                break
+            st.flags[i] |= _MARK
+        for j in range(n if bad < 0 else bad):
+            if hashes[j] is not None:
+                st.flags[(<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx] &= ~_MARK
+        if bad >= 0:
+            raise ValueError(
+                f"block {(<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, bad))._bid} "
+                "appears twice"
+            )
+        cdef dict cache = self._map._cache
+        for j in range(n):
+            h = hashes[j]
+            if h is None:
+                continue
+            b = <KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j)
+            key = _make_key(h, gid)
+            Py_INCREF(key)
+            st.hash[b._idx] = <PyObject *> key
+            _insert(cache, key, b)
+            if stored is not None:
+                PyList_Append(stored, h)
+
+    def _reset_cache(self):
+        cdef _Store st = self.st
+        cdef Py_ssize_t i
+        cdef PyObject *h
+        if st.n - st.num_free != 1:
+            return False
+        for i in range(st.n + 2):
+            h = st.hash[i]
+            st.hash[i] = NULL
+            Py_XDECREF(h)
+        self._map = BlockHashToBlockMap()
+        return True
+
+
+cdef inline Py_ssize_t _index_in_or_none(_Store st, object o):
+    """Like _index_in, but -1 instead of raising (for check-then-undo loops)."""
+    cdef KVCacheBlock b
+    if not isinstance(o, KVCacheBlock):
+        return -1
+    b = <KVCacheBlock> o
+    if b._st != <PyObject *> st or b._idx >= st.n:
+        return -1
+    return b._idx
+
+
+cdef int _raise_free_error(_Store st, object o, str problem) except -1:
+    if problem == "foreign":
+        _index_in(st, o, False)
+    cdef KVCacheBlock b = <KVCacheBlock> o
+    if problem == "twice":
+        raise ValueError(f"block {b._bid} appears twice in one free_blocks call")
+    raise ValueError(f"block {b._bid} is freed with ref_cnt 0 (double free?)")
+
+
+cdef object _evict_one(_Store st, dict cache, Py_ssize_t i, list removed):
+    cdef PyObject *h = st.hash[i]
+    if h == NULL or st.objs[i] == NULL:
+        return False
+    if not _pop_block(cache, <object> h, <KVCacheBlock> st.objs[i]):
+        return False
+    st.hash[i] = NULL
+    if removed is not None:
+        PyList_Append(removed, <object> h)
+    Py_DECREF(<object> h)
+    return True

@@ -1,0 +1,232 @@
+"""``BlockPool``: the facade an engine talks to.
+
+All block bookkeeping (free queue, reference counts, hash keys, the prefix
+cache map) lives in the core's ``PoolCore``; this module adds only what vLLM's
+pool does around it in Python: KV-cache events, sampled metrics and logging.
+``BlockPool`` *subclasses* the core class, so the calls an engine makes once
+per block (``get_cached_block``) or that need no events (``free_blocks``,
+``get_num_free_blocks``, ``get_usage``) go straight to the core with no Python
+frame in between.
+
+``make_block_pool_class(core)`` builds the facade over either core; the
+package exports the one over the core selected at import.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from types import ModuleType
+from typing import Any
+
+from .events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from .hashing import (
+    BlockHashListWithBlockSize,
+    get_block_hash,
+    maybe_convert_block_hash,
+)
+from .metrics import KVCacheMetricsCollector
+
+__all__ = ["make_block_pool_class"]
+
+logger = logging.getLogger("kvpool.block_pool")
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _removed_events(keys: list[bytes]) -> list[BlockRemoved]:
+    # One event per evicted block, in eviction order, as vLLM emits them.
+    return [
+        BlockRemoved(
+            block_hashes=[maybe_convert_block_hash(get_block_hash(key))],
+            medium=MEDIUM_GPU,
+        )
+        for key in keys
+    ]
+
+
+def make_block_pool_class(core: ModuleType) -> type:
+    """Build the ``BlockPool`` facade over ``core`` (compiled or pure Python)."""
+
+    class BlockPool(core.PoolCore):
+        """Manages a pool of KV-cache blocks: allocation, freeing, the prefix
+        cache and its LRU eviction. Drop-in compatible with vLLM 0.15.1's
+        ``vllm.v1.core.block_pool.BlockPool``.
+
+        Args:
+            num_gpu_blocks: number of blocks (ids ``0..n-1``); block 0 becomes
+                the ``null_block`` placeholder.
+            enable_caching: whether allocation evicts cached hashes (prefix
+                caching on).
+            hash_block_size: the block size the request's block hashes were
+                computed at; a group's block size may be a multiple of it.
+            enable_kv_cache_events: whether to queue KV-cache events for
+                ``take_events()``.
+            metrics_collector: optional sampled residency metrics.
+
+        Misuse (a double free, a foreign block, too many blocks requested)
+        raises ``ValueError``/``RuntimeError``/``TypeError`` and leaves the
+        pool as it was, also under ``python -O``.
+        """
+
+        def __init__(
+            self,
+            num_gpu_blocks: int,
+            enable_caching: bool,
+            hash_block_size: int,
+            enable_kv_cache_events: bool = False,
+            metrics_collector: KVCacheMetricsCollector | None = None,
+        ) -> None:
+            # The core validates num_gpu_blocks and builds the blocks (the
+            # compiled core already did, in __cinit__; its __init__ is a no-op).
+            super().__init__(num_gpu_blocks)
+            _check_positive_int("hash_block_size", hash_block_size)
+            self.enable_caching = enable_caching
+            self.hash_block_size = hash_block_size
+            self.enable_kv_cache_events = enable_kv_cache_events
+            self.kv_event_queue: list[KVCacheEvent] = []
+            self.metrics_collector = metrics_collector
+
+        def cache_full_blocks(
+            self,
+            request: Any,
+            blocks: list[Any],
+            num_cached_blocks: int,
+            num_full_blocks: int,
+            block_size: int,
+            kv_cache_group_id: int,
+        ) -> None:
+            """Cache ``blocks[num_cached_blocks:num_full_blocks]`` under the
+            request's block hashes (null blocks skipped), for ``kv_cache_group_id``.
+            With events on, queues one ``BlockStored``."""
+            if num_cached_blocks >= num_full_blocks:
+                return
+            if block_size == self.hash_block_size:
+                block_hashes = request.block_hashes
+            else:
+                _check_positive_int("block_size", block_size)
+                if block_size % self.hash_block_size:
+                    raise ValueError(
+                        f"block_size ({block_size}) must be a multiple of "
+                        f"hash_block_size ({self.hash_block_size})"
+                    )
+                block_hashes = BlockHashListWithBlockSize(
+                    request.block_hashes, self.hash_block_size, block_size
+                )
+            stored: list[bytes] | None = [] if self.enable_kv_cache_events else None
+            self._cache_blocks(
+                blocks,
+                num_cached_blocks,
+                num_full_blocks,
+                block_hashes,
+                kv_cache_group_id,
+                stored,
+            )
+            if stored is None:
+                return
+            if num_cached_blocks == 0:
+                parent_block_hash = None
+            else:
+                parent_block_hash = maybe_convert_block_hash(
+                    block_hashes[num_cached_blocks - 1]
+                )
+            lora = request.lora_request
+            self.kv_event_queue.append(
+                BlockStored(
+                    block_hashes=[maybe_convert_block_hash(h) for h in stored],
+                    parent_block_hash=parent_block_hash,
+                    token_ids=request.all_token_ids[
+                        num_cached_blocks * block_size : num_full_blocks * block_size
+                    ],
+                    block_size=block_size,
+                    lora_id=lora.adapter_id if lora else None,
+                    medium=MEDIUM_GPU,
+                    lora_name=lora.name if lora else None,
+                )
+            )
+
+        def get_new_blocks(self, num_blocks: int) -> list[Any]:
+            """Pop ``num_blocks`` blocks from the head of the free queue (least
+            recently freed first), evicting their cached hashes when caching
+            is on, each with ``ref_cnt == 1``. Does not look in the cache."""
+            removed: list[bytes] | None = [] if self.enable_kv_cache_events else None
+            ret = self._allocate(num_blocks, self.enable_caching, removed)
+            collector = self.metrics_collector
+            if collector:
+                evicting = self.enable_caching
+                for block in ret:
+                    if evicting:
+                        collector.on_block_evicted(block)
+                    collector.on_block_allocated(block)
+            if removed:
+                self.kv_event_queue.extend(_removed_events(removed))
+            return ret
+
+        def _maybe_evict_cached_block(self, block: Any) -> bool:
+            """Drop ``block``'s hash from the prefix cache (not the block
+            itself); True if it was cached."""
+            if self.metrics_collector:
+                self.metrics_collector.on_block_evicted(block)
+            removed: list[bytes] | None = [] if self.enable_kv_cache_events else None
+            evicted = self._evict_block(block, removed)
+            if removed:
+                self.kv_event_queue.extend(_removed_events(removed))
+            return evicted
+
+        def touch(self, blocks: Sequence[Any]) -> None:
+            """Take a reference on each block of a prefix-cache hit; a free
+            block leaves the free queue."""
+            self._touch(blocks)
+            collector = self.metrics_collector
+            if collector:
+                for block in blocks:
+                    collector.on_block_accessed(block)
+
+        def evict_blocks(self, block_ids: Iterable[int]) -> None:
+            """Drop the cached hashes of the given block ids (allocations are
+            kept). Every id is checked before anything is evicted."""
+            ids = list(block_ids)
+            removed: list[bytes] | None = [] if self.enable_kv_cache_events else None
+            self._evict_block_ids(ids, removed)
+            collector = self.metrics_collector
+            if collector:
+                blocks = self.blocks
+                for block_id in ids:
+                    collector.on_block_evicted(blocks[block_id])
+            if removed:
+                self.kv_event_queue.extend(_removed_events(removed))
+
+        def reset_prefix_cache(self) -> bool:
+            """Forget every cached hash. Only possible when no block but the
+            null block is in use; returns whether the reset happened."""
+            num_used_blocks = self.num_gpu_blocks - self.get_num_free_blocks()
+            if not self._reset_cache():
+                logger.warning(
+                    "Failed to reset prefix cache because some "
+                    "blocks (%d) are not freed yet",
+                    num_used_blocks - 1,
+                )
+                return False
+            if self.metrics_collector:
+                self.metrics_collector.reset()
+            logger.info("Successfully reset prefix cache")
+            if self.enable_kv_cache_events:
+                self.kv_event_queue.append(AllBlocksCleared())
+            return True
+
+        def take_events(self) -> list[KVCacheEvent]:
+            """Return the queued events and start a new queue."""
+            if not self.enable_kv_cache_events:
+                return []
+            events = self.kv_event_queue
+            self.kv_event_queue = []
+            return events
+
+    BlockPool.__module__ = "kvpool"
+    BlockPool.__qualname__ = "BlockPool"
+    return BlockPool

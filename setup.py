@@ -1,0 +1,33 @@
+"""Build the compiled core. ``KVPOOL_NO_EXTENSIONS=1`` at build time skips it
+(the package then runs on its pure-Python twin); a failed build is an error,
+never a silent fallback, so a wheel always says what it contains."""
+
+import os
+
+from setuptools import Extension, setup
+
+ext_modules = []
+if not os.environ.get("KVPOOL_NO_EXTENSIONS"):
+    from Cython.Build import cythonize
+
+    ext_modules = cythonize(
+        [
+            Extension(
+                "kvpool._core",
+                ["kvpool/_core.pyx"],
+                extra_compile_args=["-O3"],
+            )
+        ],
+        compiler_directives={
+            "language_level": "3",
+            # Index checks are explicit in the code: every array index is
+            # validated (or proven in range) before use.
+            "boundscheck": False,
+            "wraparound": False,
+            "initializedcheck": False,
+            "cdivision": True,
+            "embedsignature": True,
+        },
+    )
+
+setup(ext_modules=ext_modules)
