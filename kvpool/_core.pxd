@@ -1,6 +1,6 @@
 # Data layout of the compiled core (see _core.pyx for the why).
 from cpython.object cimport PyObject
-from libc.stdint cimport int32_t, uint8_t, uint32_t
+from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
 
 
 cdef class _Store:
@@ -34,7 +34,24 @@ cdef class FreeKVCacheBlockQueue:
 
 
 cdef class BlockHashToBlockMap:
-    cdef dict _cache
+    # Open addressing: slot j holds an owned key (bytes) and an owned value
+    # (a block, or a {block_id: block} dict), or NULL; at most half full.
+    cdef Py_ssize_t cap
+    cdef Py_ssize_t used
+    cdef PyObject **keys
+    cdef PyObject **vals
+    cdef uint64_t *hashes
+
+    cdef int _alloc(self, Py_ssize_t cap) except -1
+    cdef int _grow(self) except -1
+    cdef Py_ssize_t find(self, const char *p, Py_ssize_t size, uint32_t g, uint64_t h) noexcept
+    cdef Py_ssize_t find_key(self, bytes key) noexcept
+    cdef object first_at(self, Py_ssize_t j)
+    cdef object get_hg(self, object block_hash, uint32_t g)
+    cdef int insert_key(self, bytes key, KVCacheBlock block) except -1
+    cdef void delete_at(self, Py_ssize_t i) noexcept
+    cdef object pop_id(self, Py_ssize_t j, object block_id)
+    cdef bint pop_block(self, bytes key, KVCacheBlock b) except -1
 
 
 cdef class PoolCore:

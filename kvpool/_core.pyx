@@ -29,12 +29,13 @@ from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE, PyLis
 from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
-from cpython.sequence cimport PySequence_Fast, PySequence_Fast_GET_ITEM, PySequence_Fast_GET_SIZE
-from libc.stdint cimport INT32_MAX, int32_t, uint8_t, uint32_t
-from libc.string cimport memcpy
+from cpython.sequence cimport PySequence_Fast, PySequence_Fast_GET_ITEM, PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
+from libc.stdint cimport INT32_MAX, int32_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy
 
 cdef extern from "Python.h":
     Py_ssize_t Py_REFCNT(object o)
+    const Py_ssize_t PY_SSIZE_T_MAX
     bint PyList_CheckExact(object o)
     bint PyTuple_CheckExact(object o)
 
@@ -153,19 +154,29 @@ cdef int _detach(KVCacheBlock b, _Store st, Py_ssize_t i) except -1:
 
 
 cdef inline Py_ssize_t _check_count(object n, str what) except -1:
+    cdef Py_ssize_t v
     if not isinstance(n, int):
         raise TypeError(f"{what} must be an int, got {type(n).__name__}")
-    if n < 0:
+    try:
+        v = n
+    except OverflowError:
+        v = -1 if n < 0 else PY_SSIZE_T_MAX
+    if v < 0:
         raise ValueError(f"{what} must be >= 0, got {n}")
-    return n
+    return v
 
 
 cdef inline uint32_t _check_group(object g) except? 0xFFFFFFFF:
+    cdef long long v
     if not isinstance(g, int):
         raise TypeError(f"kv_cache_group_id must be an int, got {type(g).__name__}")
-    if g < 0 or g > 0xFFFFFFFF:
+    try:
+        v = g
+    except OverflowError:
+        v = -1
+    if v < 0 or v > 0xFFFFFFFF:
         raise OverflowError(f"kv_cache_group_id {g} does not fit in 4 bytes")
-    return <uint32_t> g
+    return <uint32_t> v
 
 
 cdef inline object _check_hash(object h):
@@ -190,7 +201,7 @@ cdef inline bytes _make_key(object h, uint32_t group):
 cdef inline Py_ssize_t _index_in(_Store st, object o, bint sentinel_ok) except -1:
     """Index of block ``o`` in ``st``; raises unless it is one of its blocks."""
     cdef KVCacheBlock b
-    if not isinstance(o, KVCacheBlock):
+    if type(o) is not KVCacheBlock:  # final class: a pointer comparison
         raise TypeError(f"expected a KVCacheBlock, got {type(o).__name__}")
     b = <KVCacheBlock> o
     if b._st != <PyObject *> st or (b._idx >= st.n and not sentinel_ok):
@@ -352,9 +363,14 @@ cdef object _neighbour_id(_Store st, int32_t i):
 
 
 cdef inline int _check_ref_cnt(object value) except -1:
+    cdef long long v
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"ref_cnt must be an int, got {type(value).__name__}")
-    if not (0 <= value <= INT32_MAX):
+    try:
+        v = value
+    except OverflowError:
+        v = -1
+    if not (0 <= v <= INT32_MAX):
         raise ValueError(f"ref_cnt must be in [0, {INT32_MAX}], got {value}")
     return 0
 
@@ -483,7 +499,7 @@ cdef class FreeKVCacheBlockQueue:
 
 
 cdef list _popleft_n(_Store st, Py_ssize_t k, bint allocate=False,
-                     bint evict=False, dict cache=None, list removed=None):
+                     bint evict=False, BlockHashToBlockMap cache=None, list removed=None):
     """Pop ``k <= num_free`` blocks from the head, in one walk and with no
     per-block Python call. With ``allocate`` each popped block gets
     ``ref_cnt = 1`` and, with ``evict``, loses its cached hash (the evicted
@@ -508,7 +524,7 @@ cdef list _popleft_n(_Store st, Py_ssize_t k, bint allocate=False,
         if allocate:
             st.ref_cnt[i] = 1
             h = st.hash[i]
-            if evict and h != NULL and _pop_block(cache, <object> h, <KVCacheBlock> o):
+            if evict and h != NULL and cache.pop_block(<bytes> h, <KVCacheBlock> o):
                 st.hash[i] = NULL
                 if removed is not None:
                     PyList_Append(removed, <object> h)
@@ -527,22 +543,87 @@ cdef int _append_n(_Store st, object seq, bint only_freed) except -1:
     """Link every block of ``seq`` (a PySequence_Fast) at the tail, after
     checking all of them: pool blocks, not in the queue, no duplicates."""
     cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), j, i, bad = -1
+    cdef PyObject **items = PySequence_Fast_ITEMS(seq)
+    cdef int32_t last, tail = <int32_t> (st.n + 1)
     for j in range(n):
-        i = _index_in(st, <object> PySequence_Fast_GET_ITEM(seq, j), False)
-        if st.prev[i] >= 0 or st.flags[i] & _MARK:
+        i = _index_in_or_none(st, <object> items[j])
+        if i < 0 or st.prev[i] >= 0 or st.flags[i] & _MARK:
             bad = j
             break
         st.flags[i] |= _MARK
-    for j in range(n if bad < 0 else bad):
-        st.flags[(<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx] &= ~_MARK
     if bad >= 0:
-        b = <KVCacheBlock> PySequence_Fast_GET_ITEM(seq, bad)
-        if st.prev[b._idx] >= 0:
-            raise ValueError(f"block {b._bid} is already in the free queue")
-        raise ValueError(f"block {b._bid} appears twice")
+        for j in range(bad):
+            st.flags[(<KVCacheBlock> items[j])._idx] &= ~_MARK
+        o = <object> items[bad]
+        i = _index_in(st, o, False)  # raises for a foreign block
+        if st.prev[i] >= 0:
+            raise ValueError(f"block {(<KVCacheBlock> o)._bid} is already in the free queue")
+        raise ValueError(f"block {(<KVCacheBlock> o)._bid} appears twice")
+    # Link the whole run after the current last block, clearing the marks.
+    last = st.prev[tail]
     for j in range(n):
-        st.link_tail((<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx)
+        i = (<KVCacheBlock> items[j])._idx
+        st.flags[i] &= ~_MARK
+        st.next[last] = <int32_t> i
+        st.prev[i] = last
+        last = <int32_t> i
+    st.next[last] = tail
+    st.prev[tail] = last
+    st.num_free += n
     return 0
+
+
+cdef inline uint64_t _mix(uint64_t h, uint64_t w) noexcept:
+    h = (h ^ w) * <uint64_t> 0x9E3779B97F4A7C15
+    return h ^ (h >> 29)
+
+
+cdef inline uint64_t _hash_parts(const char *p, Py_ssize_t size, uint32_t suffix) noexcept:
+    """Hash of ``p[:size] + suffix.to_bytes(4, "big")``, 8 bytes at a time.
+
+    Block hashes are already uniformly distributed (sha256 or xxhash), so a
+    light mix is enough; a per-process seed keeps crafted keys from lining up.
+    """
+    cdef uint64_t h = _SEED ^ <uint64_t> size, w
+    cdef Py_ssize_t j = 0
+    while j + 8 <= size:
+        memcpy(&w, p + j, 8)
+        h = _mix(h, w)
+        j += 8
+    w = 0
+    if j < size:
+        memcpy(&w, p + j, size - j)
+        h = _mix(h, w)
+    h = _mix(h, suffix)
+    return h * <uint64_t> 0xBF58476D1CE4E5B9
+
+
+cdef inline uint64_t _hash_key(bytes key) noexcept:
+    """The table hash of a whole key: the part before the last four bytes,
+    then those four bytes as the group id (consistent with _hash_parts)."""
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(key)
+    cdef const unsigned char *p = <const unsigned char *> PyBytes_AS_STRING(key)
+    if size < GROUP_ID_BYTES:
+        # Too short to carry a group id: hash it all, tagged by its length.
+        return _hash_parts(<const char *> p, size, 0xFFFFFFFF) ^ <uint64_t> 0x5555
+    cdef Py_ssize_t q = size - GROUP_ID_BYTES
+    cdef uint32_t g = ((<uint32_t> p[q] << 24) | (<uint32_t> p[q + 1] << 16)
+                       | (<uint32_t> p[q + 2] << 8) | <uint32_t> p[q + 3])
+    return _hash_parts(<const char *> p, q, g)
+
+
+cdef inline bint _key_equals(object stored, const char *p, Py_ssize_t size, uint32_t g) noexcept:
+    cdef const unsigned char *s
+    if PyBytes_GET_SIZE(stored) != size + GROUP_ID_BYTES:
+        return False
+    s = <const unsigned char *> PyBytes_AS_STRING(stored)
+    if memcmp(s, p, size) != 0:
+        return False
+    return (s[size] == ((g >> 24) & 0xFF) and s[size + 1] == ((g >> 16) & 0xFF)
+            and s[size + 2] == ((g >> 8) & 0xFF) and s[size + 3] == (g & 0xFF))
+
+
+cdef uint64_t _SEED = 0
 
 
 @cython.final
@@ -552,92 +633,222 @@ cdef class BlockHashToBlockMap:
     several blocks share a key (keys are never de-duplicated, so a block id
     handed to a request never changes). Storing a lone block directly keeps
     the common case free of inner dicts.
+
+    An open-addressing table in C (linear probing, backward-shift deletion)
+    rather than a dict: a lookup by ``(block_hash, group_id)`` then hashes
+    and compares the bytes in place, without building the key object.
     """
 
     def __cinit__(self):
-        self._cache = {}
+        self._alloc(8)
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self.keys != NULL:
+            for i in range(self.cap):
+                Py_XDECREF(self.keys[i])
+                Py_XDECREF(self.vals[i])
+        PyMem_Free(self.keys)
+        PyMem_Free(self.vals)
+        PyMem_Free(self.hashes)
+
+    cdef int _alloc(self, Py_ssize_t cap) except -1:
+        self.keys = <PyObject **> PyMem_Calloc(cap, sizeof(PyObject *))
+        self.vals = <PyObject **> PyMem_Calloc(cap, sizeof(PyObject *))
+        self.hashes = <uint64_t *> PyMem_Calloc(cap, sizeof(uint64_t))
+        if self.keys == NULL or self.vals == NULL or self.hashes == NULL:
+            PyMem_Free(self.keys)
+            PyMem_Free(self.vals)
+            PyMem_Free(self.hashes)
+            self.keys = NULL
+            self.vals = NULL
+            self.hashes = NULL
+            self.cap = 0
+            raise MemoryError()
+        self.cap = cap
+        self.used = 0
+        return 0
+
+    cdef int _grow(self) except -1:
+        cdef PyObject **keys = self.keys
+        cdef PyObject **vals = self.vals
+        cdef uint64_t *hashes = self.hashes
+        cdef Py_ssize_t cap = self.cap, used = self.used, i, j, mask
+        self._alloc(cap * 2)
+        mask = self.cap - 1
+        for i in range(cap):
+            if keys[i] != NULL:
+                j = <Py_ssize_t> (hashes[i] & <uint64_t> mask)
+                while self.keys[j] != NULL:
+                    j = (j + 1) & mask
+                self.keys[j] = keys[i]
+                self.vals[j] = vals[i]
+                self.hashes[j] = hashes[i]
+        self.used = used
+        PyMem_Free(keys)
+        PyMem_Free(vals)
+        PyMem_Free(hashes)
+        return 0
+
+    cdef Py_ssize_t find(self, const char *p, Py_ssize_t size, uint32_t g, uint64_t h) noexcept:
+        """Slot of key ``p[:size] + g`` (hash ``h``), or -1."""
+        cdef Py_ssize_t mask = self.cap - 1
+        cdef Py_ssize_t j = <Py_ssize_t> (h & <uint64_t> mask)
+        while self.keys[j] != NULL:
+            if self.hashes[j] == h and _key_equals(<object> self.keys[j], p, size, g):
+                return j
+            j = (j + 1) & mask
+        return -1
+
+    cdef Py_ssize_t find_key(self, bytes key) noexcept:
+        cdef Py_ssize_t size = PyBytes_GET_SIZE(key), j, mask
+        cdef uint64_t h
+        cdef const unsigned char *p
+        if size >= GROUP_ID_BYTES:
+            p = <const unsigned char *> PyBytes_AS_STRING(key) + size - GROUP_ID_BYTES
+            return self.find(PyBytes_AS_STRING(key), size - GROUP_ID_BYTES,
+                             (<uint32_t> p[0] << 24) | (<uint32_t> p[1] << 16)
+                             | (<uint32_t> p[2] << 8) | <uint32_t> p[3],
+                             _hash_key(key))
+        # A short key (only through the public API): compare whole bytes.
+        h = _hash_key(key)
+        mask = self.cap - 1
+        j = <Py_ssize_t> (h & <uint64_t> mask)
+        while self.keys[j] != NULL:
+            if self.hashes[j] == h and PyBytes_GET_SIZE(<object> self.keys[j]) == size \
+                    and memcmp(PyBytes_AS_STRING(<object> self.keys[j]),
+                               PyBytes_AS_STRING(key), size) == 0:
+                return j
+            j = (j + 1) & mask
+        return -1
+
+    cdef object first_at(self, Py_ssize_t j):
+        """The earliest-inserted block of slot ``j`` (-1: None)."""
+        cdef PyObject *k
+        cdef PyObject *first
+        cdef Py_ssize_t pos = 0
+        if j < 0:
+            return None
+        v = <object> self.vals[j]
+        if type(v) is dict:
+            PyDict_Next(v, &pos, &k, &first)
+            return <object> first
+        return v
+
+    cdef object get_hg(self, object block_hash, uint32_t g):
+        """``get_one_block(block_hash + g.to_bytes(4, "big"))`` without
+        building the key."""
+        cdef const char *p = PyBytes_AS_STRING(block_hash)
+        cdef Py_ssize_t size = PyBytes_GET_SIZE(block_hash)
+        return self.first_at(self.find(p, size, g, _hash_parts(p, size, g)))
+
+    cdef int insert_key(self, bytes key, KVCacheBlock block) except -1:
+        cdef Py_ssize_t j = self.find_key(key), mask
+        cdef uint64_t h
+        if j >= 0:
+            v = <object> self.vals[j]
+            if type(v) is dict:
+                (<dict> v)[block._bid] = block
+            else:
+                d = {(<KVCacheBlock> v)._bid: v, block._bid: block}
+                self.vals[j] = <PyObject *> d
+                Py_INCREF(d)
+                Py_DECREF(v)
+            return 0
+        if 2 * (self.used + 1) > self.cap:
+            self._grow()
+        h = _hash_key(key)
+        mask = self.cap - 1
+        j = <Py_ssize_t> (h & <uint64_t> mask)
+        while self.keys[j] != NULL:
+            j = (j + 1) & mask
+        Py_INCREF(key)
+        Py_INCREF(block)
+        self.keys[j] = <PyObject *> key
+        self.vals[j] = <PyObject *> block
+        self.hashes[j] = h
+        self.used += 1
+        return 0
+
+    cdef void delete_at(self, Py_ssize_t i) noexcept:
+        """Empty slot ``i`` and shift later entries of its run back, so that
+        probing never needs tombstones."""
+        cdef Py_ssize_t mask = self.cap - 1, j = i, home
+        cdef PyObject *k = self.keys[i]
+        cdef PyObject *v = self.vals[i]
+        while True:
+            j = (j + 1) & mask
+            if self.keys[j] == NULL:
+                break
+            home = <Py_ssize_t> (self.hashes[j] & <uint64_t> mask)
+            # Leave entry j if its home slot lies cyclically in (i, j].
+            if (i < j and i < home <= j) or (i > j and (home > i or home <= j)):
+                continue
+            self.keys[i] = self.keys[j]
+            self.vals[i] = self.vals[j]
+            self.hashes[i] = self.hashes[j]
+            i = j
+        self.keys[i] = NULL
+        self.vals[i] = NULL
+        self.used -= 1
+        Py_DECREF(<object> k)
+        Py_DECREF(<object> v)
+
+    cdef object pop_id(self, Py_ssize_t j, object block_id):
+        """vLLM's ``pop``: remove ``block_id`` from slot ``j`` (-1: absent)."""
+        if j < 0:
+            return None
+        v = <object> self.vals[j]
+        if type(v) is dict:
+            block = (<dict> v).pop(block_id, None)
+            if not v:
+                self.delete_at(j)
+            return block
+        if (<KVCacheBlock> v)._bid == block_id:
+            self.delete_at(j)
+            return v
+        return None
+
+    cdef bint pop_block(self, bytes key, KVCacheBlock b) except -1:
+        """``pop(key, b.block_id) is not None``, without boxing the id in the
+        common (single block) case."""
+        cdef Py_ssize_t j = self.find_key(key)
+        if j < 0:
+            return False
+        v = <object> self.vals[j]
+        if type(v) is dict:
+            return self.pop_id(j, b._bid) is not None
+        if (<KVCacheBlock> v)._bid == b._bid:
+            self.delete_at(j)
+            return True
+        return False
 
     def get_one_block(self, key):
         """The earliest-inserted block cached under ``key``, or ``None``."""
         _check_key(key)
-        return _get_one(self._cache, key)
+        return self.first_at(self.find_key(key))
 
     def insert(self, key, block):
         """Cache ``block`` under ``key`` (after any block already there)."""
         _check_key(key)
         if not isinstance(block, KVCacheBlock):
             raise TypeError(f"expected a KVCacheBlock, got {type(block).__name__}")
-        _insert(self._cache, key, block)
+        self.insert_key(key, block)
 
     def pop(self, key, block_id):
         """Remove and return the block ``block_id`` cached under ``key``, or
         ``None`` (and change nothing)."""
         _check_key(key)
-        return _pop(self._cache, key, block_id)
+        return self.pop_id(self.find_key(key), block_id)
 
     def __len__(self):
-        return len(self._cache)
+        return self.used
 
 
 cdef inline int _check_key(object key) except -1:
     if not PyBytes_Check(key):
         raise TypeError(f"a hash key must be bytes, got {type(key).__name__}")
     return 0
-
-
-cdef inline object _get_one(dict cache, object key):
-    cdef PyObject *v = PyDict_GetItem(cache, key)
-    cdef PyObject *k
-    cdef PyObject *first
-    cdef Py_ssize_t pos = 0
-    if v == NULL:
-        return None
-    if type(<object> v) is dict:
-        PyDict_Next(<object> v, &pos, &k, &first)
-        return <object> first
-    return <object> v
-
-
-cdef int _insert(dict cache, object key, object block) except -1:
-    cdef PyObject *v = PyDict_GetItem(cache, key)
-    if v == NULL:
-        PyDict_SetItem(cache, key, block)
-    elif type(<object> v) is dict:
-        (<dict> v)[(<KVCacheBlock> block)._bid] = block
-    else:
-        cache[key] = {(<KVCacheBlock> <object> v)._bid: <object> v,
-                      (<KVCacheBlock> block)._bid: block}
-    return 0
-
-
-cdef object _pop(dict cache, object key, object block_id):
-    cdef PyObject *v = PyDict_GetItem(cache, key)
-    if v == NULL:
-        return None
-    blocks = <object> v
-    if type(blocks) is dict:
-        block = (<dict> blocks).pop(block_id, None)
-        if not blocks:
-            PyDict_DelItem(cache, key)
-        return block
-    if (<KVCacheBlock> blocks)._bid == block_id:
-        PyDict_DelItem(cache, key)
-        return blocks
-    return None
-
-
-cdef inline bint _pop_block(dict cache, object key, KVCacheBlock b) except -1:
-    """``_pop(cache, key, b.block_id) is not None``, without boxing the id in
-    the common (single block) case."""
-    cdef PyObject *v = PyDict_GetItem(cache, key)
-    if v == NULL:
-        return False
-    if type(<object> v) is dict:
-        return _pop(cache, key, b._bid) is not None
-    if (<KVCacheBlock> <object> v)._bid == b._bid:
-        PyDict_DelItem(cache, key)
-        return True
-    return False
 
 
 @cython.no_gc_clear
@@ -723,10 +934,10 @@ cdef class PoolCore:
         """The cached block for ``block_hash`` in each group, or ``None`` if
         any group misses (all or nothing)."""
         _check_hash(block_hash)
-        cdef dict cache = self._map._cache
+        cdef BlockHashToBlockMap cache = self._map
         cdef list ret = []
         for g in kv_cache_group_ids:
-            b = _get_one(cache, _make_key(block_hash, _check_group(g)))
+            b = cache.get_hg(block_hash, _check_group(g))
             if b is None:
                 return None
             PyList_Append(ret, b)
@@ -740,7 +951,7 @@ cdef class PoolCore:
         cdef object hashes = PySequence_Fast(block_hashes, "block_hashes must be a sequence")
         cdef Py_ssize_t ng = PySequence_Fast_GET_SIZE(groups)
         cdef Py_ssize_t limit = PySequence_Fast_GET_SIZE(hashes), j, g
-        cdef dict cache = self._map._cache
+        cdef BlockHashToBlockMap cache = self._map
         cdef uint32_t *gids
         cdef uint32_t gid0
         if max_blocks is not None:
@@ -752,8 +963,8 @@ cdef class PoolCore:
             gid0 = _check_group(<object> PySequence_Fast_GET_ITEM(groups, 0))
             hit = []
             for j in range(limit):
-                b = _get_one(cache, _make_key(
-                    _check_hash(<object> PySequence_Fast_GET_ITEM(hashes, j)), gid0))
+                b = cache.get_hg(
+                    _check_hash(<object> PySequence_Fast_GET_ITEM(hashes, j)), gid0)
                 if b is None:
                     break
                 PyList_Append(hit, b)
@@ -769,7 +980,7 @@ cdef class PoolCore:
             for j in range(limit):
                 h = _check_hash(<object> PySequence_Fast_GET_ITEM(hashes, j))
                 for g in range(ng):
-                    b = _get_one(cache, _make_key(h, gids[g]))
+                    b = cache.get_hg(h, gids[g])
                     if b is None:
                         return result
                     row[g] = b
@@ -821,7 +1032,7 @@ cdef class PoolCore:
     def _allocate(self, num_blocks, bint evict, list removed):
         cdef Py_ssize_t k = _check_count(num_blocks, "num_blocks")
         cdef _Store st = self.st
-        cdef dict cache = self._map._cache
+        cdef BlockHashToBlockMap cache = self._map
         if k > st.num_free:
             raise ValueError(
                 f"Cannot get {k} free blocks from the pool ({st.num_free} free)"
@@ -831,11 +1042,11 @@ cdef class PoolCore:
     def _evict_block(self, block, list removed):
         cdef _Store st = self.st
         cdef Py_ssize_t i = _index_in(st, block, False)
-        return _evict_one(st, self._map._cache, i, removed)
+        return _evict_one(st, self._map, i, removed)
 
     def _evict_block_ids(self, list block_ids, list removed):
         cdef _Store st = self.st
-        cdef dict cache = self._map._cache
+        cdef BlockHashToBlockMap cache = self._map
         for block_id in block_ids:
             if not isinstance(block_id, int):
                 raise TypeError(f"block ids must be ints, got {type(block_id).__name__}")
@@ -907,7 +1118,7 @@ cdef class PoolCore:
                 f"block {(<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, bad))._bid} "
                 "appears twice"
             )
-        cdef dict cache = self._map._cache
+        cdef BlockHashToBlockMap cache = self._map
         for j in range(n):
             h = hashes[j]
             if h is None:
@@ -916,7 +1127,7 @@ cdef class PoolCore:
             key = _make_key(h, gid)
             Py_INCREF(key)
             st.hash[b._idx] = <PyObject *> key
-            _insert(cache, key, b)
+            cache.insert_key(key, b)
             if stored is not None:
                 PyList_Append(stored, h)
 
@@ -937,7 +1148,7 @@ cdef class PoolCore:
 cdef inline Py_ssize_t _index_in_or_none(_Store st, object o):
     """Like _index_in, but -1 instead of raising (for check-then-undo loops)."""
     cdef KVCacheBlock b
-    if not isinstance(o, KVCacheBlock):
+    if type(o) is not KVCacheBlock:
         return -1
     b = <KVCacheBlock> o
     if b._st != <PyObject *> st or b._idx >= st.n:
@@ -954,14 +1165,23 @@ cdef int _raise_free_error(_Store st, object o, str problem) except -1:
     raise ValueError(f"block {b._bid} is freed with ref_cnt 0 (double free?)")
 
 
-cdef object _evict_one(_Store st, dict cache, Py_ssize_t i, list removed):
+cdef object _evict_one(_Store st, BlockHashToBlockMap cache, Py_ssize_t i, list removed):
     cdef PyObject *h = st.hash[i]
     if h == NULL or st.objs[i] == NULL:
         return False
-    if not _pop_block(cache, <object> h, <KVCacheBlock> st.objs[i]):
+    if not cache.pop_block(<bytes> h, <KVCacheBlock> st.objs[i]):
         return False
     st.hash[i] = NULL
     if removed is not None:
         PyList_Append(removed, <object> h)
     Py_DECREF(<object> h)
     return True
+
+
+def _seed_hash():
+    global _SEED
+    import os
+    _SEED = int.from_bytes(os.urandom(8), "little")
+
+
+_seed_hash()
