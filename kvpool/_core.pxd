@@ -49,6 +49,8 @@ cdef class BlockHashToBlockMap:
     cdef object first_at(self, Py_ssize_t j)
     cdef object get_hg(self, object block_hash, uint32_t g)
     cdef int insert_key(self, bytes key, KVCacheBlock block) except -1
+    cdef int insert_hg(self, bytes key, object block_hash, uint32_t g, KVCacheBlock block) except -1
+    cdef int _insert(self, bytes key, Py_ssize_t j, uint64_t h, KVCacheBlock block) except -1
     cdef void delete_at(self, Py_ssize_t i) noexcept
     cdef object pop_id(self, Py_ssize_t j, object block_id)
     cdef bint pop_block(self, bytes key, KVCacheBlock b) except -1

@@ -743,8 +743,18 @@ cdef class BlockHashToBlockMap:
         return self.first_at(self.find(p, size, g, _hash_parts(p, size, g)))
 
     cdef int insert_key(self, bytes key, KVCacheBlock block) except -1:
-        cdef Py_ssize_t j = self.find_key(key), mask
-        cdef uint64_t h
+        return self._insert(key, self.find_key(key), _hash_key(key), block)
+
+    cdef int insert_hg(self, bytes key, object block_hash, uint32_t g, KVCacheBlock block) except -1:
+        """``insert_key`` for ``key == block_hash + g`` (hashed once)."""
+        cdef const char *p = PyBytes_AS_STRING(block_hash)
+        cdef Py_ssize_t size = PyBytes_GET_SIZE(block_hash)
+        cdef uint64_t h = _hash_parts(p, size, g)
+        return self._insert(key, self.find(p, size, g, h), h, block)
+
+    cdef int _insert(self, bytes key, Py_ssize_t j, uint64_t h, KVCacheBlock block) except -1:
+        """Add ``block`` under ``key`` (hash ``h``), found at slot ``j`` or -1."""
+        cdef Py_ssize_t mask
         if j >= 0:
             v = <object> self.vals[j]
             if type(v) is dict:
@@ -757,7 +767,6 @@ cdef class BlockHashToBlockMap:
             return 0
         if 2 * (self.used + 1) > self.cap:
             self._grow()
-        h = _hash_key(key)
         mask = self.cap - 1
         j = <Py_ssize_t> (h & <uint64_t> mask)
         while self.keys[j] != NULL:
@@ -1075,7 +1084,7 @@ cdef class PoolCore:
 
     def _cache_blocks(self, blocks, start, stop, block_hashes, group_id, list stored):
         cdef _Store st = self.st
-        cdef Py_ssize_t first, n, j, i, bad = -1
+        cdef Py_ssize_t off, n, j, i, bad = -1
         cdef uint32_t gid
         if start >= stop:
             return
@@ -1087,49 +1096,56 @@ cdef class PoolCore:
                 f"the request has {len(block_hashes)} block hashes, "
                 f"{stop} are needed to cache blocks up to {stop}"
             )
-        first = start
         seq = PySequence_Fast(blocks[start:stop], "blocks must be a sequence")
         n = PySequence_Fast_GET_SIZE(seq)
-        # Check each block and fetch its hash once (a BlockHashListWithBlockSize
-        # builds them on access); None stands for a skipped null block.
-        hashes = [None] * n
+        # The hashes as a list indexed from `off`: the request's own list as
+        # is; anything else (a BlockHashListWithBlockSize builds hashes on
+        # access) sliced once into a new list.
+        if PyList_CheckExact(block_hashes):
+            hl = block_hashes
+            off = start
+        else:
+            hl = list(block_hashes[start:stop])
+            off = 0
+        if PyList_GET_SIZE(hl) < off + n:
+            raise ValueError(f"block_hashes yields fewer than {stop} hashes")
         for j in range(n):
             i = _index_in(st, <object> PySequence_Fast_GET_ITEM(seq, j), False)
             if st.flags[i] & _NULL:
                 continue
             if st.hash[i] != NULL:
                 raise RuntimeError(f"block {i} already has a hash")
-            hashes[j] = _check_hash(block_hashes[first + j])
+            _check_hash(<object> PyList_GET_ITEM(hl, off + j))
         # Then duplicates, with the scratch mark (no Python code runs while
-        # marks are set).
+        # marks are set, and flags do not change between these passes).
         for j in range(n):
-            if hashes[j] is None:
-                continue
             i = (<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx
+            if st.flags[i] & _NULL:
+                continue
             if st.flags[i] & _MARK:
                 bad = j
                 break
             st.flags[i] |= _MARK
         for j in range(n if bad < 0 else bad):
-            if hashes[j] is not None:
-                st.flags[(<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx] &= ~_MARK
+            st.flags[(<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx] &= ~_MARK
         if bad >= 0:
             raise ValueError(
                 f"block {(<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, bad))._bid} "
                 "appears twice"
             )
         cdef BlockHashToBlockMap cache = self._map
+        cdef PyObject *h
         for j in range(n):
-            h = hashes[j]
-            if h is None:
-                continue
             b = <KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j)
-            key = _make_key(h, gid)
+            if st.flags[b._idx] & _NULL:
+                continue
+            h = PyList_GET_ITEM(hl, off + j)
+            key = _make_key(<object> h, gid)
+            cache.insert_hg(key, <object> h, gid, b)
             Py_INCREF(key)
             st.hash[b._idx] = <PyObject *> key
-            cache.insert_key(key, b)
             if stored is not None:
-                PyList_Append(stored, h)
+                PyList_Append(stored, <object> h)
 
     def _reset_cache(self):
         cdef _Store st = self.st
