@@ -36,6 +36,7 @@ from libc.string cimport memcmp, memcpy
 cdef extern from "Python.h":
     Py_ssize_t Py_REFCNT(object o)
     const Py_ssize_t PY_SSIZE_T_MAX
+    void PyObject_GC_UnTrack(PyObject *o)
     bint PyList_CheckExact(object o)
     bint PyTuple_CheckExact(object o)
 
@@ -913,6 +914,10 @@ cdef class PoolCore:
                 o = <object> st.objs[i]
                 Py_INCREF(o)
                 PyList_SET_ITEM(blocks, i, o)
+            # Its items are handles the cycle collector does not track, so the
+            # list cannot be part of a cycle either: untracking it keeps a
+            # million-entry list out of every gc.collect().
+            PyObject_GC_UnTrack(<PyObject *> blocks)
             self._blocks = blocks
         return self._blocks
 
@@ -1024,19 +1029,21 @@ cdef class PoolCore:
                 st.flags[i] |= _MARK
                 st.ref_cnt[i] -= 1
             done += 1
-        for j in range(done):
+        if problem is not None:
+            for j in range(done):
+                i = (<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx
+                if st.flags[i] & _MARK:
+                    st.flags[i] &= ~_MARK
+                    st.ref_cnt[i] += 1
+            _raise_free_error(st, <object> PySequence_Fast_GET_ITEM(seq, done), problem)
+        # Pass 2: clear the marks; the blocks that reached zero join the
+        # queue, in order.
+        for j in range(n):
             i = (<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx
             if st.flags[i] & _MARK:
                 st.flags[i] &= ~_MARK
-                if problem is not None:
-                    st.ref_cnt[i] += 1
-        if problem is not None:
-            _raise_free_error(st, <object> PySequence_Fast_GET_ITEM(seq, done), problem)
-        # Pass 2: the blocks that reached zero join the queue, in order.
-        for j in range(n):
-            i = (<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx
-            if st.ref_cnt[i] == 0 and st.prev[i] < 0 and not (st.flags[i] & _NULL):
-                st.link_tail(i)
+                if st.ref_cnt[i] == 0 and st.prev[i] < 0:
+                    st.link_tail(i)
 
     def _allocate(self, num_blocks, bint evict, list removed):
         cdef Py_ssize_t k = _check_count(num_blocks, "num_blocks")

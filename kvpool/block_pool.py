@@ -170,10 +170,10 @@ def make_block_pool_class(core: ModuleType) -> type:
         def _maybe_evict_cached_block(self, block: Any) -> bool:
             """Drop ``block``'s hash from the prefix cache (not the block
             itself); True if it was cached."""
+            removed: list[bytes] | None = [] if self.enable_kv_cache_events else None
+            evicted = self._evict_block(block, removed)  # validates `block` first
             if self.metrics_collector:
                 self.metrics_collector.on_block_evicted(block)
-            removed: list[bytes] | None = [] if self.enable_kv_cache_events else None
-            evicted = self._evict_block(block, removed)
             if removed:
                 self.kv_event_queue.extend(_removed_events(removed))
             return evicted
