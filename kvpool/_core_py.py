@@ -1,0 +1,920 @@
+"""Pure-Python twin of the compiled core ``kvpool._core``.
+
+It keeps vLLM 0.15.1's design, so it doubles as the "pure-Python pool"
+baseline the benchmarks compare against: every block is a Python object, the
+free queue is a doubly linked list threaded through the blocks themselves, and
+the prefix cache is a dict from hash key to a block (or to a small dict of
+blocks). What it adds is the behaviour of ``docs/core-contract.md``: misuse
+raises instead of asserting, and a call that raises has changed nothing.
+
+Being the baseline, it must not be a strawman, so the checks are arranged to
+cost (almost) nothing per block:
+
+- The public attributes of ``KVCacheBlock`` are properties (the contract makes
+  ``block_id`` and the neighbours read-only and validates ``ref_cnt``), but
+  the queue's and the pool's loops use the plain attributes behind them
+  (``_ref_cnt``, ``_prev``, ...).
+- Ownership is an identity test: the blocks a queue owns have
+  ``_owner is queue._tok``; a standalone block has ``_owner is None`` and a
+  sentinel ``_owner is _SENTINEL``. A non-block fails the same test (or has no
+  ``_owner``, an ``AttributeError`` the fast paths catch), so they need no
+  ``isinstance``.
+- An owned block out of the queue has ``_prev is queue._tok`` (not None; the
+  ``prev_free_block`` property hides this), so "owned by this queue and not
+  in it", what ``append`` requires, is a single test.
+- Checking passes only *detect* a problem; a slow scan over the untouched
+  arguments (the ``_raise_*`` helpers) then finds the first culprit and
+  raises the precise exception. Where detection marks blocks (to catch a
+  block passed twice without building a set), the marks are undone first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from itertools import islice
+from typing import Any
+
+__all__ = ["KVCacheBlock", "FreeKVCacheBlockQueue", "BlockHashToBlockMap", "PoolCore"]
+
+_INT32_MIN = -(2**31)
+_INT32_MAX = 2**31 - 1
+# Two ids stay free for the compiled core's sentinels.
+_MAX_GPU_BLOCKS = 2**31 - 3
+_GROUP_ID_BYTES = 4  # as kvpool.hashing.GROUP_ID_BYTES
+
+# ``_owner`` of the head/tail sentinels: no queue's token, so ``remove`` and
+# ``append`` reject them and no queue adopts them.
+_SENTINEL = object()
+
+
+def _check_block_id(block_id: Any) -> int:
+    if isinstance(block_id, bool) or not isinstance(block_id, int):
+        raise TypeError(f"block_id must be an int, got {type(block_id).__name__}")
+    if not _INT32_MIN <= block_id <= _INT32_MAX:
+        raise ValueError(f"block_id must be in [{_INT32_MIN}, {_INT32_MAX}], got {block_id}")
+    return int(block_id)
+
+
+def _check_ref_cnt(ref_cnt: Any) -> int:
+    if not isinstance(ref_cnt, int):
+        raise TypeError(f"ref_cnt must be an int, got {type(ref_cnt).__name__}")
+    if not 0 <= ref_cnt <= _INT32_MAX:
+        raise ValueError(f"ref_cnt must be in [0, {_INT32_MAX}], got {ref_cnt}")
+    return int(ref_cnt)
+
+
+def _check_hash(value: Any, what: str) -> None:
+    if not isinstance(value, bytes):
+        raise TypeError(f"{what} must be bytes, got {type(value).__name__}")
+
+
+def _group_suffix(group_id: Any) -> bytes:
+    """The 4-byte big-endian suffix ``group_id`` adds to a hash key."""
+    if not isinstance(group_id, int):
+        raise TypeError(f"kv_cache_group_id must be an int, got {type(group_id).__name__}")
+    # OverflowError outside [0, 2**32), as int.to_bytes raises it.
+    return group_id.to_bytes(_GROUP_ID_BYTES, "big")
+
+
+def _check_out_list(value: Any, name: str) -> None:
+    # These lists are appended to mid-mutation: a bad one must fail up front.
+    if value is not None and type(value) is not list:
+        raise TypeError(f"{name} must be a list or None, got {type(value).__name__}")
+
+
+def _check_owned(block: Any, tok: object, what: str) -> None:
+    """Raise ``TypeError``/``ValueError`` unless ``block`` is owned by ``tok``:
+    the slow path taken once a fast ``_owner is tok`` test has failed."""
+    if not isinstance(block, KVCacheBlock):
+        raise TypeError(f"{what}: expected a KVCacheBlock, got {type(block).__name__}")
+    if block._owner is _SENTINEL:
+        raise ValueError(f"{what}: block {block._block_id} is a free-queue sentinel")
+    if block._owner is not tok:
+        raise ValueError(f"{what}: block {block._block_id} does not belong to this pool/queue")
+
+
+class KVCacheBlock:
+    """Metadata of one KV-cache block (the tensors live on the GPU).
+
+    A plain class, not slotted, so that a block costs what vLLM's dataclass
+    costs. The public attributes are properties over underscored ones, which
+    the queue and the pool use directly. Blocks compare and hash by identity.
+    """
+
+    def __init__(
+        self,
+        block_id: int,
+        ref_cnt: int = 0,
+        _block_hash: bytes | None = None,
+        prev_free_block: None = None,
+        next_free_block: None = None,
+        is_null: bool = False,
+    ) -> None:
+        block_id = _check_block_id(block_id)
+        ref_cnt = _check_ref_cnt(ref_cnt)
+        if _block_hash is not None:
+            _check_hash(_block_hash, "_block_hash")
+        if prev_free_block is not None or next_free_block is not None:
+            raise ValueError(
+                "prev_free_block and next_free_block must be None: only a "
+                "FreeKVCacheBlockQueue links blocks"
+            )
+        # FreeKVCacheBlockQueue._for_pool sets the same attributes in the same
+        # order, so that all blocks share one key layout (and its memory).
+        self._block_id = block_id
+        self._ref_cnt = ref_cnt
+        self._hash = _block_hash
+        self._prev: Any = None
+        self._next: KVCacheBlock | None = None
+        self._is_null = bool(is_null)
+        self._owner: object | None = None
+
+    @property
+    def block_id(self) -> int:
+        return self._block_id
+
+    @property
+    def ref_cnt(self) -> int:
+        return self._ref_cnt
+
+    @ref_cnt.setter
+    def ref_cnt(self, value: int) -> None:
+        # Only the count changes: the block does not enter or leave a queue.
+        self._ref_cnt = _check_ref_cnt(value)
+
+    @property
+    def is_null(self) -> bool:
+        return self._is_null
+
+    @is_null.setter
+    def is_null(self, value: bool) -> None:
+        self._is_null = bool(value)
+
+    @property
+    def block_hash(self) -> bytes | None:
+        return self._hash
+
+    @block_hash.setter
+    def block_hash(self, block_hash: bytes | None) -> None:
+        if block_hash is not None:
+            _check_hash(block_hash, "block_hash")
+        if self._hash is not None:
+            raise RuntimeError(
+                f"block {self._block_id} already has a hash ({self._hash!r}); "
+                "reset_hash() first"
+            )
+        self._hash = block_hash
+
+    @property
+    def _block_hash(self) -> bytes | None:
+        return self._hash
+
+    def reset_hash(self) -> None:
+        """Forget the hash key (the block was evicted from the prefix cache)."""
+        self._hash = None
+
+    @property
+    def prev_free_block(self) -> KVCacheBlock | None:
+        prev = self._prev
+        # An owned block out of its queue holds the queue's token here.
+        return None if prev is self._owner else prev
+
+    @property
+    def next_free_block(self) -> KVCacheBlock | None:
+        return self._next
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # A copy of an owned block would carry the owner's token and pass for
+        # one of its blocks; only standalone blocks can be copied or pickled.
+        if self._owner is not None:
+            raise TypeError(
+                f"block {self._block_id} belongs to a pool or queue and cannot be copied or pickled"
+            )
+        return super().__reduce_ex__(protocol)
+
+    def __repr__(self) -> str:
+        # Neighbours by id only: printing them whole would recurse along the list.
+        prev, next_ = self.prev_free_block, self._next
+        return (
+            f"KVCacheBlock(block_id={self._block_id}, "
+            f"ref_cnt={self._ref_cnt}, "
+            f"_block_hash={self._hash!r}, "
+            f"prev_free_block={None if prev is None else prev._block_id}, "
+            f"next_free_block={None if next_ is None else next_._block_id})"
+        )
+
+
+def _make_sentinel() -> KVCacheBlock:
+    block = KVCacheBlock(-1)
+    block._owner = _SENTINEL
+    return block
+
+
+class FreeKVCacheBlockQueue:
+    """Free blocks in eviction order (least recently freed first).
+
+    A doubly linked list through the blocks' own ``_prev``/``_next`` rather
+    than a ``collections.deque``: a prefix-cache hit takes a block out of the
+    *middle* of the queue, which must be O(1), and relinking allocates no
+    Python object. Head and tail sentinels (``block_id == -1``) spare the
+    empty-list branches.
+
+    The queue adopts the blocks it is given for good: their ``_owner``
+    becomes its token, which is how it tells its blocks from any other.
+    """
+
+    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
+        blocks = list(blocks)
+        seen: set[int] = set()
+        for block in blocks:
+            if not isinstance(block, KVCacheBlock):
+                raise TypeError(
+                    f"FreeKVCacheBlockQueue: expected KVCacheBlocks, got {type(block).__name__}"
+                )
+            if block._owner is not None:
+                kind = "a free-queue sentinel" if block._owner is _SENTINEL else "already owned"
+                raise ValueError(f"FreeKVCacheBlockQueue: block {block._block_id} is {kind}")
+            if id(block) in seen:
+                raise ValueError(f"FreeKVCacheBlockQueue: block {block._block_id} given twice")
+            seen.add(id(block))
+        tok = self._init_empty()
+        last = self._head
+        for block in blocks:
+            block._owner = tok
+            block._prev = last
+            last._next = block
+            last = block
+        self._close(last, len(blocks))
+
+    @classmethod
+    def _for_pool(cls, num_blocks: int) -> tuple[FreeKVCacheBlockQueue, list[KVCacheBlock]]:
+        """A queue of new blocks ``0..num_blocks-1``, made and linked in one
+        walk without the constructor's checks (they cannot fail here)."""
+        self = cls.__new__(cls)
+        tok = self._init_empty()
+        new = object.__new__
+        blocks = []
+        last = self._head
+        for block_id in range(num_blocks):
+            block = new(KVCacheBlock)
+            block._block_id = block_id
+            block._ref_cnt = 0
+            block._hash = None
+            block._prev = last
+            block._next = None
+            block._is_null = False
+            block._owner = tok
+            last._next = block
+            last = block
+            blocks.append(block)
+        self._close(last, num_blocks)
+        return self, blocks
+
+    def _init_empty(self) -> object:
+        self._tok = tok = object()
+        self._head = _make_sentinel()
+        self._tail = _make_sentinel()
+        return tok
+
+    def _close(self, last: KVCacheBlock, num_blocks: int) -> None:
+        tail = self._tail
+        last._next = tail
+        tail._prev = last
+        self._num_free = num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._num_free
+
+    @property
+    def fake_free_list_head(self) -> KVCacheBlock:
+        return self._head
+
+    @property
+    def fake_free_list_tail(self) -> KVCacheBlock:
+        return self._tail
+
+    def popleft(self) -> KVCacheBlock:
+        """Take the least recently freed block."""
+        head = self._head
+        block = head._next
+        if block is self._tail:
+            raise ValueError("No free blocks available")
+        nxt = block._next
+        head._next = nxt
+        nxt._prev = head
+        block._prev = self._tok
+        block._next = None
+        self._num_free -= 1
+        return block
+
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        """Take the ``n`` least recently freed blocks, in queue order."""
+        if not isinstance(n, int):
+            raise TypeError(f"n must be an int, got {type(n).__name__}")
+        num_free = self._num_free
+        if n < 0 or n > num_free:
+            raise ValueError(f"Cannot pop {n} blocks from a queue of {num_free} free blocks")
+        if n == 0:
+            return []
+        tok = self._tok
+        head = self._head
+        block = head._next
+        ret = []
+        for _ in range(n):
+            ret.append(block)
+            last = block
+            block = block._next
+            last._prev = tok
+            last._next = None
+        head._next = block
+        block._prev = head
+        self._num_free = num_free - n
+        return ret
+
+    def remove(self, block: KVCacheBlock) -> None:
+        """Take ``block`` out of the middle of the queue in O(1)."""
+        tok = self._tok
+        try:
+            prev = block._prev
+            ok = block._owner is tok and prev is not tok
+        except AttributeError:  # not a block: reported below
+            ok = False
+        if not ok:
+            _check_owned(block, tok, "remove()")
+            raise RuntimeError(f"remove(): block {block._block_id} is not in the free queue")
+        nxt = block._next
+        prev._next = nxt
+        nxt._prev = prev
+        block._prev = tok
+        block._next = None
+        self._num_free -= 1
+
+    def append(self, block: KVCacheBlock) -> None:
+        """Put ``block`` at the tail (evicted last)."""
+        try:
+            ok = block._prev is self._tok
+        except AttributeError:  # not a block: reported below
+            ok = False
+        if not ok:
+            self._raise_bad_append([block], "append()")
+        tail = self._tail
+        last = tail._prev
+        last._next = block
+        block._prev = last
+        block._next = tail
+        tail._prev = block
+        self._num_free += 1
+
+    def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Put ``blocks`` at the tail, in order."""
+        if type(blocks) is not list:
+            blocks = list(blocks)
+        if not blocks:
+            return
+        tok = self._tok
+        tail = self._tail
+        old_last = last = tail._prev
+        # Check while linking: a block linked earlier in this call no longer
+        # has _prev is tok, so a repeat fails like a block already queued.
+        try:
+            for block in blocks:
+                if block._prev is not tok:
+                    break
+                block._prev = last
+                last._next = block
+                last = block
+            else:
+                last._next = tail
+                tail._prev = last
+                self._num_free += len(blocks)
+                return
+        except AttributeError:  # not a block: reported below
+            pass
+        # Unlink what this call linked: the chain ends at a _next of None.
+        block = old_last._next
+        while block is not tail and block is not None:
+            nxt = block._next
+            block._prev = tok
+            block._next = None
+            block = nxt
+        old_last._next = tail
+        self._raise_bad_append(blocks, "append_n()")
+
+    def _raise_bad_append(self, blocks: list[Any], what: str) -> None:
+        tok = self._tok
+        seen: set[int] = set()
+        for block in blocks:
+            _check_owned(block, tok, what)
+            if block._prev is not tok:
+                raise ValueError(f"{what}: block {block._block_id} is already in the free queue")
+            if id(block) in seen:
+                raise ValueError(f"{what}: block {block._block_id} given twice")
+            seen.add(id(block))
+        raise AssertionError(f"{what}: no bad block found")  # pragma: no cover
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        """The free blocks from head (evicted first) to tail."""
+        ret = []
+        tail = self._tail
+        block = self._head._next
+        while block is not tail:
+            ret.append(block)
+            block = block._next
+        return ret
+
+
+class BlockHashToBlockMap:
+    """Prefix-cache index: hash key -> the blocks cached under it.
+
+    A key maps straight to its block, and to a ``{block_id: block}`` dict only
+    once a second block is cached under it: almost every key has one block,
+    and an inner dict per key would give the GC millions more containers to
+    walk. Keys are never de-duplicated, so that a block id handed to a
+    request never changes (block tables are append-only); lookups return the
+    earliest inserted block.
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[bytes, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+
+    def get_one_block(self, key: bytes) -> KVCacheBlock | None:
+        """The earliest-inserted block cached under ``key``, or None."""
+        _check_hash(key, "key")
+        entry = self._cache.get(key)
+        if entry.__class__ is dict:
+            return next(iter(entry.values()))
+        return entry
+
+    def insert(self, key: bytes, block: KVCacheBlock) -> None:
+        """Cache ``block`` under ``key``, after the blocks already there."""
+        _check_hash(key, "key")
+        if not isinstance(block, KVCacheBlock):
+            raise TypeError(f"block must be a KVCacheBlock, got {type(block).__name__}")
+        self._insert(key, block)
+
+    def _insert(self, key: bytes, block: KVCacheBlock) -> None:
+        cache = self._cache
+        entry = cache.get(key)
+        if entry is None:
+            cache[key] = block
+        elif entry.__class__ is dict:
+            entry[block._block_id] = block
+        else:
+            cache[key] = {entry._block_id: entry, block._block_id: block}
+
+    def pop(self, key: bytes, block_id: int) -> KVCacheBlock | None:
+        """Remove and return block ``block_id`` cached under ``key``; None,
+        and no change, if it is not there."""
+        _check_hash(key, "key")
+        return self._pop(key, block_id)
+
+    def _pop(self, key: bytes, block_id: int) -> KVCacheBlock | None:
+        cache = self._cache
+        entry = cache.get(key)
+        if entry is None:
+            return None
+        if entry.__class__ is dict:
+            block = entry.pop(block_id, None)
+            if not entry:
+                del cache[key]
+            return block
+        if entry._block_id == block_id:
+            del cache[key]
+            return entry
+        return None
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
+class PoolCore:
+    """The block bookkeeping of a ``BlockPool`` (the facade subclasses it).
+
+    Everything is built in ``__new__``, as the compiled core does in
+    ``__cinit__``, so the facade's ``__init__`` needs no ``super()`` call; the
+    other constructor arguments are the facade's and ignored here.
+    """
+
+    def __new__(cls, num_gpu_blocks: int, *args: Any, **kwargs: Any) -> PoolCore:
+        if isinstance(num_gpu_blocks, bool) or not isinstance(num_gpu_blocks, int):
+            raise TypeError(f"num_gpu_blocks must be an int, got {type(num_gpu_blocks).__name__}")
+        if not 1 <= num_gpu_blocks <= _MAX_GPU_BLOCKS:
+            raise ValueError(f"num_gpu_blocks must be in [1, {_MAX_GPU_BLOCKS}], got {num_gpu_blocks}")
+        self = super().__new__(cls)
+        num_gpu_blocks = int(num_gpu_blocks)
+        queue, blocks = FreeKVCacheBlockQueue._for_pool(num_gpu_blocks)
+        null_block = queue.popleft()
+        null_block._is_null = True
+        self._num_gpu_blocks = num_gpu_blocks
+        # No private copy (it would cost 8 bytes a block and GC time over
+        # vLLM's pool); the two users of this list check it instead.
+        self._blocks = blocks
+        self._queue = queue
+        self._tok = queue._tok
+        self._map = BlockHashToBlockMap()
+        self._null_block = null_block
+        return self
+
+    def __init__(self, num_gpu_blocks: int, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self._num_gpu_blocks
+
+    @property
+    def blocks(self) -> list[KVCacheBlock]:
+        return self._blocks
+
+    @property
+    def free_block_queue(self) -> FreeKVCacheBlockQueue:
+        return self._queue
+
+    @property
+    def cached_block_hash_to_block(self) -> BlockHashToBlockMap:
+        return self._map
+
+    @property
+    def null_block(self) -> KVCacheBlock:
+        return self._null_block
+
+    # -- prefix-cache lookups (read only) -------------------------------------
+
+    def get_cached_block(
+        self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
+    ) -> list[KVCacheBlock] | None:
+        """The earliest block cached under ``block_hash`` for every group, or
+        None if any group misses."""
+        if not isinstance(block_hash, bytes):
+            _check_hash(block_hash, "block_hash")
+        cache = self._map._cache
+        ret = []
+        for group_id in kv_cache_group_ids:
+            if group_id.__class__ is int:
+                key = block_hash + group_id.to_bytes(_GROUP_ID_BYTES, "big")
+            else:
+                key = block_hash + _group_suffix(group_id)
+            entry = cache.get(key)
+            if entry is None:
+                # A miss must not hide a bad group id further on.
+                for group_id in kv_cache_group_ids:
+                    _group_suffix(group_id)
+                return None
+            if entry.__class__ is dict:
+                entry = next(iter(entry.values()))
+            ret.append(entry)
+        return ret
+
+    def find_longest_cache_hit(
+        self,
+        block_hashes: Sequence[bytes],
+        kv_cache_group_ids: Sequence[int],
+        max_blocks: int | None = None,
+    ) -> list[list[KVCacheBlock]]:
+        """Per group, the blocks of the longest prefix of ``block_hashes``
+        (at most ``max_blocks`` long) that hits in every group: what calling
+        ``get_cached_block`` per hash until the first miss gives, regrouped."""
+        suffixes = [_group_suffix(g) for g in kv_cache_group_ids]
+        if max_blocks is not None:
+            if not isinstance(max_blocks, int):
+                raise TypeError(f"max_blocks must be an int or None, got {type(max_blocks).__name__}")
+            if max_blocks < 0:
+                raise ValueError(f"max_blocks must be >= 0, got {max_blocks}")
+        ret: list[list[KVCacheBlock]] = [[] for _ in suffixes]
+        cache = self._map._cache
+        for block_hash in islice(block_hashes, max_blocks):
+            if not isinstance(block_hash, bytes):
+                _check_hash(block_hash, "block_hash")
+            hit = []
+            for suffix in suffixes:
+                entry = cache.get(block_hash + suffix)
+                if entry is None:
+                    return ret
+                if entry.__class__ is dict:
+                    entry = next(iter(entry.values()))
+                hit.append(entry)
+            for group_blocks, block in zip(ret, hit):
+                group_blocks.append(block)
+        return ret
+
+    # -- counts ----------------------------------------------------------------
+
+    def get_num_free_blocks(self) -> int:
+        return self._queue._num_free
+
+    def get_usage(self) -> float:
+        """Fraction of the usable blocks (all but the null block) in use."""
+        total = self._num_gpu_blocks - 1
+        if not total:
+            return 0
+        return 1.0 - self._queue._num_free / total
+
+    # -- allocation and freeing ------------------------------------------------
+
+    def _allocate(
+        self, num_blocks: int, evict: bool, removed: list[bytes] | None
+    ) -> list[KVCacheBlock]:
+        """Pop ``num_blocks`` blocks from the queue head, each with
+        ``ref_cnt == 1``; if ``evict``, drop their cached hashes first (the
+        keys go to ``removed``)."""
+        if not isinstance(num_blocks, int):
+            raise TypeError(f"num_blocks must be an int, got {type(num_blocks).__name__}")
+        _check_out_list(removed, "removed")
+        queue = self._queue
+        num_free = queue._num_free
+        if num_blocks < 0:
+            raise ValueError(f"Cannot get a negative number of blocks ({num_blocks})")
+        if num_blocks > num_free:
+            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool ({num_free} free)")
+        if num_blocks == 0:
+            return []
+        tok = self._tok
+        head = queue._head
+        block = head._next
+        ret = []
+        # One walk does popleft_n, the eviction and the ref counts.
+        if evict:
+            pop = self._map._pop
+            for _ in range(num_blocks):
+                ret.append(block)
+                key = block._hash
+                # A hash the map does not hold stays on the block, as in vLLM.
+                if key is not None and pop(key, block._block_id) is not None:
+                    block._hash = None
+                    if removed is not None:
+                        removed.append(key)
+                last = block
+                block = block._next
+                last._prev = tok
+                last._next = None
+                last._ref_cnt = 1
+        else:
+            for _ in range(num_blocks):
+                ret.append(block)
+                last = block
+                block = block._next
+                last._prev = tok
+                last._next = None
+                last._ref_cnt = 1
+        head._next = block
+        block._prev = head
+        queue._num_free = num_free - num_blocks
+        return ret
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference from each block; those reaching 0 go to the
+        queue tail in the given order (callers pass a request's blocks in
+        reverse, so a chain's tail is evicted before its shared prefix)."""
+        blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
+        tok = self._tok
+        # Checking pass. An accepted block's ref_cnt is negated as a "seen"
+        # mark, so a repeat reads < 1 like a double free; no ref_cnt is
+        # negative before the call, so every negative one is a mark.
+        ok = False
+        try:
+            for block in blocks:
+                if block._is_null:
+                    continue
+                ref_cnt = block._ref_cnt
+                if ref_cnt < 1 or block._owner is not tok:
+                    break
+                block._ref_cnt = -ref_cnt
+            else:
+                ok = True
+        except AttributeError:  # not a block: reported below
+            pass
+        if not ok:
+            self._unmark_free(blocks)
+            self._raise_bad_free(blocks)
+        queue = self._queue
+        tail = queue._tail
+        last = tail._prev
+        num_appended = 0
+        for block in blocks:
+            if block._is_null:
+                continue
+            ref_cnt = -1 - block._ref_cnt
+            block._ref_cnt = ref_cnt
+            # _prev is tok: not in the queue (ref_cnt writes never move blocks).
+            if ref_cnt == 0 and block._prev is tok:
+                block._prev = last
+                last._next = block
+                last = block
+                num_appended += 1
+        last._next = tail
+        tail._prev = last
+        queue._num_free += num_appended
+
+    def _unmark_free(self, blocks: list[Any]) -> None:
+        tok = self._tok
+        for block in blocks:
+            if isinstance(block, KVCacheBlock) and block._owner is tok and block._ref_cnt < 0:
+                block._ref_cnt = -block._ref_cnt
+
+    def _raise_bad_free(self, blocks: list[Any]) -> None:
+        tok = self._tok
+        seen: set[int] = set()
+        for block in blocks:
+            if not isinstance(block, KVCacheBlock):
+                _check_owned(block, tok, "free_blocks()")
+            if block._is_null:
+                continue
+            _check_owned(block, tok, "free_blocks()")
+            if block._ref_cnt < 1:
+                raise ValueError(
+                    f"free_blocks(): double free of block {block._block_id} (ref_cnt is 0)"
+                )
+            if id(block) in seen:
+                raise ValueError(f"free_blocks(): block {block._block_id} given twice")
+            seen.add(id(block))
+        raise AssertionError("free_blocks(): no bad block found")  # pragma: no cover
+
+    def _touch(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Take a reference on each block of a prefix-cache hit; a free block
+        leaves the queue in O(1). Null blocks are skipped."""
+        if type(blocks) is not list and type(blocks) is not tuple:
+            blocks = list(blocks)
+        tok = self._tok
+        ok = False
+        try:
+            for block in blocks:
+                if block._owner is not tok:
+                    break
+            else:
+                ok = True
+        except AttributeError:  # not a block: reported below
+            pass
+        if not ok:
+            for block in blocks:
+                _check_owned(block, tok, "touch()")
+        num_removed = 0
+        for block in blocks:
+            if block._is_null:
+                continue
+            prev = block._prev
+            if prev is not tok:  # in the queue
+                nxt = block._next
+                prev._next = nxt
+                nxt._prev = prev
+                block._prev = tok
+                block._next = None
+                num_removed += 1
+            block._ref_cnt += 1
+        self._queue._num_free -= num_removed
+
+    # -- the prefix cache ------------------------------------------------------
+
+    def _evict_block(self, block: KVCacheBlock, removed: list[bytes] | None) -> bool:
+        """Drop ``block``'s hash from the prefix cache (not the allocation);
+        True if it was cached."""
+        try:
+            ok = block._owner is self._tok
+        except AttributeError:  # not a block: reported below
+            ok = False
+        if not ok:
+            _check_owned(block, self._tok, "_evict_block()")
+        _check_out_list(removed, "removed")
+        return self._evict(block, removed)
+
+    def _evict(self, block: KVCacheBlock, removed: list[bytes] | None) -> bool:
+        key = block._hash
+        if key is None:
+            return False
+        if self._map._pop(key, block._block_id) is None:
+            return False
+        block._hash = None
+        if removed is not None:
+            removed.append(key)
+        return True
+
+    def _evict_block_ids(self, block_ids: Iterable[int], removed: list[bytes] | None) -> None:
+        """Drop the hashes of the blocks with these ids, all checked first."""
+        ids = list(block_ids)
+        n = self._num_gpu_blocks
+        for block_id in ids:
+            if not isinstance(block_id, int):
+                raise TypeError(f"block id must be an int, got {type(block_id).__name__}")
+            if not 0 <= block_id < n:
+                raise ValueError(f"Invalid block_id {block_id}: the pool has blocks 0..{n - 1}")
+        _check_out_list(removed, "removed")
+        blocks = self._blocks
+        if len(blocks) != n:
+            self._raise_blocks_modified()
+        for block_id in ids:
+            if not self._is_own_block(blocks[block_id], block_id):
+                self._raise_blocks_modified()
+        for block_id in ids:
+            self._evict(blocks[block_id], removed)
+
+    def _is_own_block(self, block: Any, block_id: int) -> bool:
+        try:
+            return block._owner is self._tok and block._block_id == block_id
+        except AttributeError:
+            return False
+
+    def _raise_blocks_modified(self) -> None:
+        # The public list is the caller's to mutate, but the pool finds its
+        # blocks through it: refuse rather than act on the wrong objects.
+        raise RuntimeError(
+            "pool.blocks was modified: it no longer holds this pool's blocks 0..n-1 in order"
+        )
+
+    def _cache_blocks(
+        self,
+        blocks: Sequence[KVCacheBlock],
+        start: int,
+        stop: int,
+        block_hashes: Sequence[bytes],
+        group_id: int,
+        stored: list[bytes] | None,
+    ) -> None:
+        """Cache ``blocks[start:stop]`` (null blocks skipped) under
+        ``block_hashes[i] + group suffix``; the bare hashes go to ``stored``."""
+        if start >= stop:
+            return
+        num_hashes = len(block_hashes)
+        if num_hashes < stop:
+            raise ValueError(f"{num_hashes} block hashes cannot cover {stop} blocks")
+        if start < 0:
+            raise ValueError(f"start must be >= 0, got {start}")
+        suffix = _group_suffix(group_id)
+        _check_out_list(stored, "stored")
+        new_blocks = blocks[start:stop]
+        tok = self._tok
+        new_hashes = []
+        # Setting the hash in the checking pass marks the block: a repeat
+        # then fails like a block that is already cached. Undone on failure.
+        i = start
+        failed = True
+        try:
+            for i, block in enumerate(new_blocks, start):
+                if block._is_null:
+                    continue
+                if block._owner is not tok or block._hash is not None:
+                    break
+                block_hash = block_hashes[i]
+                if not isinstance(block_hash, bytes):
+                    break
+                block._hash = block_hash + suffix
+                new_hashes.append(block_hash)
+            else:
+                failed = False
+        except AttributeError:  # not a block: reported below
+            pass
+        finally:
+            if failed:  # also when block_hashes[i] raised
+                for block in new_blocks[: i - start]:
+                    if not block._is_null:
+                        block._hash = None
+        if failed:
+            self._raise_bad_cache(new_blocks, start, block_hashes)
+        insert = self._map._insert
+        for block in new_blocks:
+            if not block._is_null:
+                insert(block._hash, block)
+        if stored is not None:
+            stored.extend(new_hashes)
+
+    def _raise_bad_cache(
+        self, new_blocks: Sequence[Any], start: int, block_hashes: Sequence[Any]
+    ) -> None:
+        tok = self._tok
+        seen: set[int] = set()
+        for i, block in enumerate(new_blocks, start):
+            if not isinstance(block, KVCacheBlock):
+                _check_owned(block, tok, "cache_full_blocks()")
+            if block._is_null:
+                continue
+            _check_owned(block, tok, "cache_full_blocks()")
+            if block._hash is not None:
+                raise RuntimeError(
+                    f"cache_full_blocks(): block {block._block_id} already has a hash "
+                    f"({block._hash!r})"
+                )
+            if id(block) in seen:
+                raise ValueError(f"cache_full_blocks(): block {block._block_id} given twice")
+            seen.add(id(block))
+            _check_hash(block_hashes[i], f"block_hashes[{i}]")
+        raise AssertionError("cache_full_blocks(): no bad block found")  # pragma: no cover
+
+    def _reset_cache(self) -> bool:
+        """Forget every hash; only when no block but the null block is in use."""
+        if self._num_gpu_blocks - self._queue._num_free != 1:
+            return False
+        blocks = self._blocks
+        tok = self._tok
+        ok = len(blocks) == self._num_gpu_blocks
+        try:
+            for block_id, block in enumerate(blocks):
+                if block._owner is not tok or block._block_id != block_id:
+                    ok = False
+                    break
+        except AttributeError:
+            ok = False
+        if not ok:
+            self._raise_blocks_modified()
+        for block in blocks:
+            block._hash = None
+        self._map = BlockHashToBlockMap()
+        return True
