@@ -37,10 +37,13 @@ __version__ = "0.1.0"
 
 NO_EXTENSIONS: bool = bool(_os.environ.get("KVPOOL_NO_EXTENSIONS"))
 
-_core = _core_py
-if not NO_EXTENSIONS:  # pragma: no branch
+if NO_EXTENSIONS:
+    _core = _core_py
+else:
+    # `_core` must not be bound in this namespace before the import: a
+    # package attribute of that name would shadow the submodule.
     try:
-        from . import _core as _core  # type: ignore[no-redef]
+        from . import _core
     except ImportError:  # not built: fall back to the twin
         _core = _core_py
 

@@ -872,9 +872,9 @@ cdef class PoolCore:
             raise TypeError(
                 f"num_gpu_blocks must be an int, got {type(num_gpu_blocks).__name__}"
             )
-        if not (1 <= num_gpu_blocks <= MAX_BLOCKS - 1):
+        if not (1 <= num_gpu_blocks <= MAX_BLOCKS):
             raise ValueError(
-                f"num_gpu_blocks must be in [1, {MAX_BLOCKS - 1}], got {num_gpu_blocks}"
+                f"num_gpu_blocks must be in [1, {MAX_BLOCKS}], got {num_gpu_blocks}"
             )
         n = num_gpu_blocks
         st = _Store(n)
