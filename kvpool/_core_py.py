@@ -56,7 +56,7 @@ def _check_block_id(block_id: Any) -> int:
 
 
 def _check_ref_cnt(ref_cnt: Any) -> int:
-    if not isinstance(ref_cnt, int):
+    if isinstance(ref_cnt, bool) or not isinstance(ref_cnt, int):
         raise TypeError(f"ref_cnt must be an int, got {type(ref_cnt).__name__}")
     if not 0 <= ref_cnt <= _INT32_MAX:
         raise ValueError(f"ref_cnt must be in [0, {_INT32_MAX}], got {ref_cnt}")
@@ -111,14 +111,14 @@ class KVCacheBlock:
         is_null: bool = False,
     ) -> None:
         block_id = _check_block_id(block_id)
-        ref_cnt = _check_ref_cnt(ref_cnt)
-        if _block_hash is not None:
-            _check_hash(_block_hash, "_block_hash")
         if prev_free_block is not None or next_free_block is not None:
             raise ValueError(
                 "prev_free_block and next_free_block must be None: only a "
                 "FreeKVCacheBlockQueue links blocks"
             )
+        ref_cnt = _check_ref_cnt(ref_cnt)
+        if _block_hash is not None:
+            _check_hash(_block_hash, "_block_hash")
         # FreeKVCacheBlockQueue._for_pool sets the same attributes in the same
         # order, so that all blocks share one key layout (and its memory).
         self._block_id = block_id
@@ -183,14 +183,10 @@ class KVCacheBlock:
     def next_free_block(self) -> KVCacheBlock | None:
         return self._next
 
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        # A copy of an owned block would carry the owner's token and pass for
-        # one of its blocks; only standalone blocks can be copied or pickled.
-        if self._owner is not None:
-            raise TypeError(
-                f"block {self._block_id} belongs to a pool or queue and cannot be copied or pickled"
-            )
-        return super().__reduce_ex__(protocol)
+    def __reduce__(self) -> Any:
+        # A copy of a pool's block would carry the pool's token and pass for
+        # one of its blocks. Refused for every block, as in the compiled core.
+        raise TypeError("KVCacheBlock cannot be copied or pickled")
 
     def __repr__(self) -> str:
         # Neighbours by id only: printing them whole would recurse along the list.
@@ -377,6 +373,7 @@ class FreeKVCacheBlockQueue:
         old_last = last = tail._prev
         # Check while linking: a block linked earlier in this call no longer
         # has _prev is tok, so a repeat fails like a block already queued.
+        done = False
         try:
             for block in blocks:
                 if block._prev is not tok:
@@ -385,21 +382,24 @@ class FreeKVCacheBlockQueue:
                 last._next = block
                 last = block
             else:
-                last._next = tail
-                tail._prev = last
-                self._num_free += len(blocks)
-                return
+                done = True
         except AttributeError:  # not a block: reported below
             pass
-        # Unlink what this call linked: the chain ends at a _next of None.
-        block = old_last._next
-        while block is not tail and block is not None:
-            nxt = block._next
-            block._prev = tok
-            block._next = None
-            block = nxt
-        old_last._next = tail
-        self._raise_bad_append(blocks, "append_n()")
+        finally:
+            if not done:
+                # Unlink what this call linked: the chain ends at a _next of None.
+                block = old_last._next
+                while block is not tail and block is not None:
+                    nxt = block._next
+                    block._prev = tok
+                    block._next = None
+                    block = nxt
+                old_last._next = tail
+        if not done:
+            self._raise_bad_append(blocks, "append_n()")
+        last._next = tail
+        tail._prev = last
+        self._num_free += len(blocks)
 
     def _raise_bad_append(self, blocks: list[Any], what: str) -> None:
         tok = self._tok
@@ -500,7 +500,9 @@ class PoolCore:
         if isinstance(num_gpu_blocks, bool) or not isinstance(num_gpu_blocks, int):
             raise TypeError(f"num_gpu_blocks must be an int, got {type(num_gpu_blocks).__name__}")
         if not 1 <= num_gpu_blocks <= _MAX_GPU_BLOCKS:
-            raise ValueError(f"num_gpu_blocks must be in [1, {_MAX_GPU_BLOCKS}], got {num_gpu_blocks}")
+            raise ValueError(
+                f"num_gpu_blocks must be in [1, {_MAX_GPU_BLOCKS}], got {num_gpu_blocks}"
+            )
         self = super().__new__(cls)
         num_gpu_blocks = int(num_gpu_blocks)
         queue, blocks = FreeKVCacheBlockQueue._for_pool(num_gpu_blocks)
@@ -557,9 +559,6 @@ class PoolCore:
                 key = block_hash + _group_suffix(group_id)
             entry = cache.get(key)
             if entry is None:
-                # A miss must not hide a bad group id further on.
-                for group_id in kv_cache_group_ids:
-                    _group_suffix(group_id)
                 return None
             if entry.__class__ is dict:
                 entry = next(iter(entry.values()))
@@ -575,15 +574,21 @@ class PoolCore:
         """Per group, the blocks of the longest prefix of ``block_hashes``
         (at most ``max_blocks`` long) that hits in every group: what calling
         ``get_cached_block`` per hash until the first miss gives, regrouped."""
-        suffixes = [_group_suffix(g) for g in kv_cache_group_ids]
+        group_ids = list(kv_cache_group_ids)
+        hashes = iter(block_hashes)
         if max_blocks is not None:
             if not isinstance(max_blocks, int):
-                raise TypeError(f"max_blocks must be an int or None, got {type(max_blocks).__name__}")
+                raise TypeError(
+                    f"max_blocks must be an int or None, got {type(max_blocks).__name__}"
+                )
             if max_blocks < 0:
                 raise ValueError(f"max_blocks must be >= 0, got {max_blocks}")
+        if not group_ids:
+            return []
+        suffixes = [_group_suffix(g) for g in group_ids]
         ret: list[list[KVCacheBlock]] = [[] for _ in suffixes]
         cache = self._map._cache
-        for block_hash in islice(block_hashes, max_blocks):
+        for block_hash in islice(hashes, max_blocks):
             if not isinstance(block_hash, bytes):
                 _check_hash(block_hash, "block_hash")
             hit = []
@@ -618,15 +623,17 @@ class PoolCore:
         """Pop ``num_blocks`` blocks from the queue head, each with
         ``ref_cnt == 1``; if ``evict``, drop their cached hashes first (the
         keys go to ``removed``)."""
+        _check_out_list(removed, "removed")
         if not isinstance(num_blocks, int):
             raise TypeError(f"num_blocks must be an int, got {type(num_blocks).__name__}")
-        _check_out_list(removed, "removed")
         queue = self._queue
         num_free = queue._num_free
         if num_blocks < 0:
             raise ValueError(f"Cannot get a negative number of blocks ({num_blocks})")
         if num_blocks > num_free:
-            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool ({num_free} free)")
+            raise ValueError(
+                f"Cannot get {num_blocks} free blocks from the pool ({num_free} free)"
+            )
         if num_blocks == 0:
             return []
         tok = self._tok
@@ -674,18 +681,22 @@ class PoolCore:
         ok = False
         try:
             for block in blocks:
+                if block._owner is not tok:  # another pool's null block too
+                    break
                 if block._is_null:
                     continue
                 ref_cnt = block._ref_cnt
-                if ref_cnt < 1 or block._owner is not tok:
+                if ref_cnt < 1:
                     break
                 block._ref_cnt = -ref_cnt
             else:
                 ok = True
         except AttributeError:  # not a block: reported below
             pass
+        finally:
+            if not ok:
+                self._unmark_free(blocks)
         if not ok:
-            self._unmark_free(blocks)
             self._raise_bad_free(blocks)
         queue = self._queue
         tail = queue._tail
@@ -716,17 +727,15 @@ class PoolCore:
         tok = self._tok
         seen: set[int] = set()
         for block in blocks:
-            if not isinstance(block, KVCacheBlock):
-                _check_owned(block, tok, "free_blocks()")
+            _check_owned(block, tok, "free_blocks()")
             if block._is_null:
                 continue
-            _check_owned(block, tok, "free_blocks()")
+            if id(block) in seen:
+                raise ValueError(f"free_blocks(): block {block._block_id} given twice")
             if block._ref_cnt < 1:
                 raise ValueError(
                     f"free_blocks(): double free of block {block._block_id} (ref_cnt is 0)"
                 )
-            if id(block) in seen:
-                raise ValueError(f"free_blocks(): block {block._block_id} given twice")
             seen.add(id(block))
         raise AssertionError("free_blocks(): no bad block found")  # pragma: no cover
 
@@ -736,10 +745,12 @@ class PoolCore:
         if type(blocks) is not list and type(blocks) is not tuple:
             blocks = list(blocks)
         tok = self._tok
+        # ref_cnt stays within int32 even if every entry is the same block.
+        limit = _INT32_MAX - len(blocks)
         ok = False
         try:
             for block in blocks:
-                if block._owner is not tok:
+                if block._owner is not tok or block._ref_cnt > limit:
                     break
             else:
                 ok = True
@@ -748,6 +759,8 @@ class PoolCore:
         if not ok:
             for block in blocks:
                 _check_owned(block, tok, "touch()")
+                if block._ref_cnt > limit:
+                    raise ValueError(f"touch(): block {block._block_id}: ref_cnt would overflow")
         num_removed = 0
         for block in blocks:
             if block._is_null:
@@ -768,13 +781,13 @@ class PoolCore:
     def _evict_block(self, block: KVCacheBlock, removed: list[bytes] | None) -> bool:
         """Drop ``block``'s hash from the prefix cache (not the allocation);
         True if it was cached."""
+        _check_out_list(removed, "removed")
         try:
             ok = block._owner is self._tok
         except AttributeError:  # not a block: reported below
             ok = False
         if not ok:
             _check_owned(block, self._tok, "_evict_block()")
-        _check_out_list(removed, "removed")
         return self._evict(block, removed)
 
     def _evict(self, block: KVCacheBlock, removed: list[bytes] | None) -> bool:
@@ -788,16 +801,18 @@ class PoolCore:
             removed.append(key)
         return True
 
-    def _evict_block_ids(self, block_ids: Iterable[int], removed: list[bytes] | None) -> None:
+    def _evict_block_ids(self, block_ids: list[int], removed: list[bytes] | None) -> None:
         """Drop the hashes of the blocks with these ids, all checked first."""
-        ids = list(block_ids)
+        if type(block_ids) is not list:
+            raise TypeError(f"block_ids must be a list, got {type(block_ids).__name__}")
+        _check_out_list(removed, "removed")
+        ids = block_ids
         n = self._num_gpu_blocks
         for block_id in ids:
             if not isinstance(block_id, int):
                 raise TypeError(f"block id must be an int, got {type(block_id).__name__}")
             if not 0 <= block_id < n:
                 raise ValueError(f"Invalid block_id {block_id}: the pool has blocks 0..{n - 1}")
-        _check_out_list(removed, "removed")
         blocks = self._blocks
         if len(blocks) != n:
             self._raise_blocks_modified()
@@ -831,15 +846,15 @@ class PoolCore:
     ) -> None:
         """Cache ``blocks[start:stop]`` (null blocks skipped) under
         ``block_hashes[i] + group suffix``; the bare hashes go to ``stored``."""
+        _check_out_list(stored, "stored")
         if start >= stop:
             return
-        num_hashes = len(block_hashes)
-        if num_hashes < stop:
-            raise ValueError(f"{num_hashes} block hashes cannot cover {stop} blocks")
         if start < 0:
             raise ValueError(f"start must be >= 0, got {start}")
         suffix = _group_suffix(group_id)
-        _check_out_list(stored, "stored")
+        num_hashes = len(block_hashes)
+        if num_hashes < stop:
+            raise ValueError(f"{num_hashes} block hashes cannot cover {stop} blocks")
         new_blocks = blocks[start:stop]
         tok = self._tok
         new_hashes = []
@@ -849,9 +864,11 @@ class PoolCore:
         failed = True
         try:
             for i, block in enumerate(new_blocks, start):
+                if block._owner is not tok:  # another pool's null block too
+                    break
                 if block._is_null:
                     continue
-                if block._owner is not tok or block._hash is not None:
+                if block._hash is not None:
                     break
                 block_hash = block_hashes[i]
                 if not isinstance(block_hash, bytes):
@@ -880,22 +897,24 @@ class PoolCore:
         self, new_blocks: Sequence[Any], start: int, block_hashes: Sequence[Any]
     ) -> None:
         tok = self._tok
-        seen: set[int] = set()
         for i, block in enumerate(new_blocks, start):
-            if not isinstance(block, KVCacheBlock):
-                _check_owned(block, tok, "cache_full_blocks()")
+            _check_owned(block, tok, "cache_full_blocks()")
             if block._is_null:
                 continue
-            _check_owned(block, tok, "cache_full_blocks()")
             if block._hash is not None:
                 raise RuntimeError(
                     f"cache_full_blocks(): block {block._block_id} already has a hash "
                     f"({block._hash!r})"
                 )
+            _check_hash(block_hashes[i], f"block_hashes[{i}]")
+        # Repeats only once every block passed (the compiled core's order).
+        seen: set[int] = set()
+        for block in new_blocks:
+            if block._is_null:
+                continue
             if id(block) in seen:
                 raise ValueError(f"cache_full_blocks(): block {block._block_id} given twice")
             seen.add(id(block))
-            _check_hash(block_hashes[i], f"block_hashes[{i}]")
         raise AssertionError("cache_full_blocks(): no bad block found")  # pragma: no cover
 
     def _reset_cache(self) -> bool:
@@ -916,5 +935,7 @@ class PoolCore:
             self._raise_blocks_modified()
         for block in blocks:
             block._hash = None
+        # "Every block" includes the queue's sentinels (settable through the API).
+        self._queue._head._hash = self._queue._tail._hash = None
         self._map = BlockHashToBlockMap()
         return True
