@@ -787,6 +787,10 @@ def test_checks_hold_under_python_O(all_cores):
         capture_output=True,
         text=True,
         env=env,
+        # Not the repository root: `-c` puts the working directory first on
+        # sys.path, where the source tree (without the built module) would
+        # shadow the installed package.
+        cwd=TESTS_DIR,
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
