@@ -118,7 +118,8 @@ cdef class _Store:
             b._bid = <int32_t> i if i < self.n else -1
             Py_INCREF(b)
             self.objs[i] = <PyObject *> b
-            self.num_objs += 1
+            if i < self.n:  # sentinels do not count: num_objs == n means "all blocks"
+                self.num_objs += 1
         return 0
 
     cdef void unlink(self, Py_ssize_t i) noexcept:
@@ -890,6 +891,10 @@ cdef class PoolCore:
             st.next[n - 1] = <int32_t> (n + 1)
             st.prev[n + 1] = <int32_t> (n - 1)
         st.num_free = n - 1
+        # The null block is handed out from the start; with it created, the
+        # free queue's walks can skip their "create missing handles" pass as
+        # soon as every other block has been handed out once.
+        st.materialise(0, 1)
         self.st = st
         self._queue = _queue_over(st)
         self._map = BlockHashToBlockMap()
