@@ -848,18 +848,26 @@ def _row(op: Operation, cells: dict[str, Cell], n: int) -> dict[str, Any]:
     return row
 
 
+def _fmt_ratio(x: float | None) -> str:
+    # Two decimals below 10x, so that a ratio just under a target never
+    # prints as the target itself.
+    if x is None:
+        return "-"
+    return f"{x:.2f}x" if x < 10 else f"{x:.1f}x"
+
+
 def format_table(result: dict[str, Any]) -> str:
     m, s = result["machine"], result["settings"]
     head = ["operation", "unit", "pure-Python", "compiled", "ratio", "ratio IQR",
             "target", ""]
     lines = []
     for r in result["operations"]:
-        spread = (f"{r['ratio_q1']:.1f}-{r['ratio_q3']:.1f}x"
+        spread = (f"{_fmt_ratio(r['ratio_q1'])[:-1]}-{_fmt_ratio(r['ratio_q3'])}"
                   if r["ratio_q1"] is not None else "-")
         ok = {True: "ok", False: "MISS", None: ""}[r["ok"]]
         lines.append([r["label"], r["unit"], _fmt(r["pure"]["median"]),
                       _fmt(r["compiled"]["median"]),
-                      f"{r['ratio']:.1f}x" if r["ratio"] is not None else "-",
+                      _fmt_ratio(r["ratio"]),
                       spread, r["target"]["text"] if r["target"] else "", ok])
     widths = [max(len(x[i]) for x in [head] + lines) for i in range(len(head))]
     right = {2, 3, 4, 5}

@@ -1,0 +1,411 @@
+"""vLLM 0.15.x's own ``KVCacheManager`` over vLLM's ``BlockPool`` vs kvpool's.
+
+The scheduler-like workload of ``tests/vllm/vllm_workload.py`` (shared prompt
+prefixes, chunked prefill, decode steps, preemption, frees, ``evict_blocks``,
+``reset_prefix_cache``, KV events and prefix-cache stats every step) runs on
+both pools in one process, A/B interleaved (the order alternates every
+round). Reported per pool: the time spent inside manager calls (median and
+range over the rounds), microseconds per call, requests per second of manager
+time and end to end; and the ratio vLLM-pool time / kvpool time per round
+(median and range). Both pools must make the same decisions: the runs'
+counters (steps, preemptions, prefix-hit tokens, events) are checked equal.
+
+Run it in the environment ``.ci/vllm-env.sh`` builds::
+
+    .ci/vllm-env.sh /tmp/vllm-venv
+    /tmp/vllm-venv/bin/python benchmarks/bench_vllm_manager.py
+    /tmp/vllm-venv/bin/python benchmarks/bench_vllm_manager.py --profile
+
+``--core`` picks kvpool's core: ``default`` goes through ``kvpool.vllm.install()``
+(the package's choice), ``compiled`` / ``pure-python`` force one.
+``--profile`` runs each pool once more under cProfile and shows where the
+manager's time goes and which pool calls remain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import importlib
+import logging
+import os
+import platform
+import pstats
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, os.pardir, "tests", "vllm"))
+
+import vllm_workload as vw  # noqa: E402
+
+import kvpool  # noqa: E402
+import kvpool.vllm as kv_vllm  # noqa: E402
+import vllm  # noqa: E402
+import vllm.envs  # noqa: E402
+from vllm.v1.core import block_pool as vllm_block_pool  # noqa: E402
+from vllm.v1.core import kv_cache_coordinator  # noqa: E402
+
+WORKLOADS = {
+    "full": vw.FULL,
+    "prefill-heavy": vw.PREFILL_HEAVY,
+    "hybrid": vw.HYBRID.scaled(metrics_sample_rate=None),
+    "mixed": vw.MIXED_BLOCK_SIZES,
+}
+
+# The BlockPool methods vLLM's managers call (``--pool-time`` times them).
+POOL_METHODS = (
+    "get_cached_block",
+    "cache_full_blocks",
+    "get_new_blocks",
+    "touch",
+    "free_blocks",
+    "evict_blocks",
+    "reset_prefix_cache",
+    "take_events",
+    "get_usage",
+    "get_num_free_blocks",
+)
+
+# For the profile summary: what counts as "inside the pool". vLLM's pool is
+# block_pool.py plus the block, queue, map and hash helpers of
+# kv_cache_utils.py (not the request hasher, which is the engine's); kvpool's
+# is everything under kvpool/ plus the compiled core's C methods.
+_NOT_POOL = {
+    "request_block_hasher",
+    "hash_block_tokens",
+    "generate_block_hash_extra_keys",
+    "_gen_lora_extra_hash_keys",
+    "_gen_mm_extra_hash_keys",
+    "_gen_prompt_embeds_extra_hash_keys",
+    "need_extra_keys",
+}
+
+
+def _is_pool_function(filename: str, func: str) -> bool:
+    where = filename.replace("\\", "/")
+    if where.endswith("v1/core/block_pool.py") or "/kvpool/" in where:
+        return func not in _NOT_POOL
+    if where.endswith("v1/core/kv_cache_utils.py"):
+        return func not in _NOT_POOL
+    return filename == "~" and ("kvpool" in func or "PoolCore" in func or "KVCacheBlock" in func)
+
+
+@contextmanager
+def kvpool_pool(core: str) -> Iterator[str]:
+    """Make vLLM build kvpool's pool inside the block; yields the core used."""
+    if core == "default":
+        with kv_vllm.enabled():
+            yield "compiled" if kvpool.USING_EXTENSION else "pure-python"
+        return
+    module = importlib.import_module("kvpool._core" if core == "compiled" else "kvpool._core_py")
+    saved = kv_cache_coordinator.BlockPool
+    kv_cache_coordinator.BlockPool = kvpool.make_block_pool_class(module)
+    try:
+        yield core
+    finally:
+        kv_cache_coordinator.BlockPool = saved
+
+
+@contextmanager
+def vllm_pool() -> Iterator[str]:
+    assert kv_cache_coordinator.BlockPool is vllm_block_pool.BlockPool
+    yield "vLLM"
+
+
+class PoolTimer:
+    """Times the outermost BlockPool calls of one manager: wraps the
+    pool's methods on the instance (vLLM's managers call them through the
+    instance), so both pools pay the same wrapper cost, measured and
+    subtracted."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+        self.by_method: dict[str, list] = {name: [0.0, 0] for name in POOL_METHODS}
+        self._depth = 0
+
+    def attach(self, mgr) -> None:
+        pool = mgr.block_pool
+        clock = time.perf_counter
+        for name in POOL_METHODS:
+            method = getattr(pool, name)
+
+            def timed(*args, _method=method, _acc=self.by_method[name], **kwargs):
+                if self._depth:
+                    return _method(*args, **kwargs)
+                self._depth = 1
+                t0 = clock()
+                try:
+                    return _method(*args, **kwargs)
+                finally:
+                    dt = clock() - t0
+                    self.seconds += dt
+                    self.calls += 1
+                    _acc[0] += dt
+                    _acc[1] += 1
+                    self._depth = 0
+
+            setattr(pool, name, timed)
+
+    @staticmethod
+    def overhead_per_call() -> float:
+        """Seconds the wrapper itself adds to one call (median of 5)."""
+
+        class Dummy:
+            def noop(self):
+                return None
+
+        samples = []
+        for _ in range(5):
+            t = PoolTimer()
+            obj = Dummy()
+            method = obj.noop
+            clock = time.perf_counter
+
+            def timed(*args, _method=method, **kwargs):
+                if t._depth:
+                    return _method(*args, **kwargs)
+                t._depth = 1
+                t0 = clock()
+                try:
+                    return _method(*args, **kwargs)
+                finally:
+                    t.seconds += clock() - t0
+                    t.calls += 1
+                    t._depth = 0
+
+            n = 200_000
+            start = clock()
+            for _ in range(n):
+                timed()
+            wrapped = clock() - start
+            start = clock()
+            for _ in range(n):
+                method()
+            bare = clock() - start
+            samples.append((wrapped - bare) / n)
+        return statistics.median(samples)
+
+
+def one_run(w: vw.Workload, pool_cm, timer: PoolTimer | None = None) -> tuple[vw.Run, str]:
+    requests = vw.build_requests(w)  # outside the timed calls
+    gc.collect()
+    with pool_cm as label:
+        hook = timer.attach if timer is not None else None
+        return vw.run(w, record=False, requests=requests, on_manager=hook), label
+
+
+def decisions(r: vw.Run) -> tuple:
+    return (r.steps, r.finished, r.preemptions, r.prefix_hit_tokens, r.events, r.manager_calls)
+
+
+def fmt_range(values: list[float], scale: float = 1.0, digits: int = 3) -> str:
+    med = statistics.median(values) * scale
+    return f"{med:.{digits}f} [{min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f}]"
+
+
+def bench(w: vw.Workload, rounds: int, core: str, pool_time: bool) -> dict:
+    """``rounds`` clean A/B rounds; with ``pool_time``, as many more rounds
+    with the pool calls timed (kept apart: the wrapper slows those runs)."""
+    runs: dict[str, list[vw.Run]] = {"vllm": [], "kvpool": []}
+    timers: dict[str, list[PoolTimer]] = {"vllm": [], "kvpool": []}
+    timed_runs: dict[str, list[vw.Run]] = {"vllm": [], "kvpool": []}
+    core_used = ""
+    for i in range(rounds * (2 if pool_time else 1)):
+        instrumented = i >= rounds
+        order = ("vllm", "kvpool") if i % 2 == 0 else ("kvpool", "vllm")
+        for which in order:
+            timer = PoolTimer() if instrumented else None
+            if which == "vllm":
+                run, _ = one_run(w, vllm_pool(), timer)
+            else:
+                run, core_used = one_run(w, kvpool_pool(core), timer)
+            if instrumented:
+                timers[which].append(timer)
+                timed_runs[which].append(run)
+            else:
+                runs[which].append(run)
+    ref = decisions(runs["vllm"][0])
+    for name in runs:
+        for r in runs[name] + timed_runs[name]:
+            if decisions(r) != ref:
+                raise SystemExit(
+                    f"{w.name}: {name} made different decisions: {decisions(r)} != {ref} "
+                    f"(steps, finished, preemptions, prefix-hit tokens, events, calls)"
+                )
+    return {"runs": runs, "timers": timers, "timed_runs": timed_runs, "core": core_used}
+
+
+def report(w: vw.Workload, result: dict) -> float:
+    runs = result["runs"]
+    r0 = runs["vllm"][0]
+    print(
+        f"\n## {w.name}: {w.num_requests} requests, {w.num_prefixes} prefixes, "
+        f"{w.num_blocks} blocks, groups {[(g.kind, g.block_size) for g in w.groups]}, "
+        f"events {'on' if w.enable_events else 'off'}"
+    )
+    print(
+        f"   {r0.steps} steps, {r0.manager_calls} manager calls, {r0.preemptions} preemptions, "
+        f"{r0.prefix_hit_tokens} prefix-hit tokens, {r0.events} KV events"
+    )
+    print(
+        f"| pool | time in manager calls, s | us per call | requests/s (manager time) "
+        f"| requests/s (end to end) |"
+    )
+    print("|---|---|---|---|---|")
+    for name, label in (("vllm", "vLLM BlockPool"), ("kvpool", f"kvpool ({result['core']})")):
+        rs = runs[name]
+        secs = [r.manager_seconds for r in rs]
+        per_call = [r.manager_seconds / r.manager_calls for r in rs]
+        rps = [w.num_requests / r.manager_seconds for r in rs]
+        e2e = [w.num_requests / r.wall_seconds for r in rs]
+        print(
+            f"| {label} | {fmt_range(secs)} | {fmt_range(per_call, 1e6, 2)} "
+            f"| {fmt_range(rps, 1, 0)} | {fmt_range(e2e, 1, 0)} |"
+        )
+    ratios = [a.manager_seconds / b.manager_seconds for a, b in zip(runs["vllm"], runs["kvpool"])]
+    print(
+        f"\nratio (time in manager calls, vLLM pool / kvpool), per round: "
+        f"median {statistics.median(ratios):.2f}x, range {min(ratios):.2f}x-{max(ratios):.2f}x "
+        f"over {len(ratios)} rounds"
+    )
+    timers = result["timers"]
+    if timers["vllm"]:
+        overhead = PoolTimer.overhead_per_call()
+        pool_secs = {
+            name: [t.seconds - t.calls * overhead for t in ts] for name, ts in timers.items()
+        }
+        timed_runs = result["timed_runs"]
+        shares = {
+            name: [
+                p / (r.manager_seconds - t.calls * overhead)
+                for p, r, t in zip(pool_secs[name], timed_runs[name], timers[name])
+            ]
+            for name in runs
+        }
+        calls = timers["vllm"][0].calls
+        print(
+            f"\ntime inside BlockPool calls, from {len(timers['vllm'])} more rounds with each "
+            f"pool call timed ({calls} outermost pool calls a run; the wrapper's "
+            f"{overhead * 1e9:.0f} ns/call measured and subtracted):"
+        )
+        print("| pool | in pool calls, s | share of manager time | ns per pool call |")
+        print("|---|---|---|---|")
+        for name, label in (("vllm", "vLLM BlockPool"), ("kvpool", f"kvpool ({result['core']})")):
+            per = [p / calls for p in pool_secs[name]]
+            print(
+                f"| {label} | {fmt_range(pool_secs[name])} | {fmt_range(shares[name], 100, 0)}% "
+                f"| {fmt_range(per, 1e9, 0)} |"
+            )
+        pool_ratios = [a / b for a, b in zip(pool_secs["vllm"], pool_secs["kvpool"])]
+        print(
+            f"\nratio (time inside pool calls, vLLM pool / kvpool): median "
+            f"{statistics.median(pool_ratios):.2f}x, range {min(pool_ratios):.2f}x-"
+            f"{max(pool_ratios):.2f}x"
+        )
+        print("\nper pool method (median over rounds, wrapper overhead subtracted):")
+        print("| method | calls a run | vLLM, s | kvpool, s | vLLM ns/call | kvpool ns/call | ratio |")
+        print("|---|---|---|---|---|---|---|")
+        for name in POOL_METHODS:
+            n = timers["vllm"][0].by_method[name][1]
+            if not n:
+                continue
+            med = {
+                which: statistics.median(t.by_method[name][0] - n * overhead for t in ts)
+                for which, ts in timers.items()
+            }
+            print(
+                f"| {name} | {n} | {med['vllm']:.3f} | {med['kvpool']:.3f} "
+                f"| {med['vllm'] / n * 1e9:.0f} | {med['kvpool'] / n * 1e9:.0f} "
+                f"| {med['vllm'] / med['kvpool']:.2f}x |"
+            )
+    return statistics.median(ratios)
+
+
+def profile(w: vw.Workload, core: str, top: int) -> None:
+    for label, cm_factory in (("vLLM BlockPool", vllm_pool), ("kvpool", lambda: kvpool_pool(core))):
+        requests = vw.build_requests(w)
+        gc.collect()
+        prof = cProfile.Profile()
+        with cm_factory():
+            prof.enable()
+            vw.run(w, record=False, requests=requests)
+            prof.disable()
+        stats = pstats.Stats(prof)
+        in_manager = 0.0  # cumulative time of the workload's manager calls
+        in_pool = 0.0
+        rows = []
+        for (filename, line, func), (cc, nc, tt, ct, callers) in stats.stats.items():
+            if filename.endswith("kv_cache_manager.py") or func == "usage":
+                in_manager += sum(
+                    c[3] for caller, c in callers.items() if caller[0].endswith("vllm_workload.py")
+                )
+            is_pool = _is_pool_function(filename, func)
+            if is_pool:
+                in_pool += tt
+            rows.append((tt, nc, is_pool, f"{os.path.basename(filename)}:{line}({func})"))
+        rows.sort(reverse=True)
+        print(
+            f"\n### cProfile, {label}, {w.name}: {in_manager:.2f} s in manager calls "
+            f"(profiled), of which {in_pool:.2f} s ({in_pool / in_manager:.0%}) inside the pool; "
+            f"top functions by own time, whole run (the workload's own code and the request "
+            f"hasher included):"
+        )
+        print("| own time, s | calls | pool? | function |")
+        print("|---|---|---|---|")
+        for tt, nc, is_pool, name in rows[:top]:
+            print(f"| {tt:.3f} | {nc} | {'pool' if is_pool else ''} | {name} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="full")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=None, help="default: 4000")
+    parser.add_argument("--blocks", type=int, default=None, help="default: 2048")
+    parser.add_argument("--prefixes", type=int, default=None, help="default: 64")
+    parser.add_argument("--events", choices=["on", "off"], default="on")
+    parser.add_argument("--core", choices=["default", "compiled", "pure-python"], default="default")
+    parser.add_argument(
+        "--pool-time",
+        action="store_true",
+        help="also time the BlockPool calls themselves (wrapped per call)",
+    )
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--top", type=int, default=25, help="rows of the profile")
+    args = parser.parse_args()
+
+    for name in ("vllm.v1.core.block_pool", "kvpool.block_pool", "kvpool.vllm"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    # As EngineCore does once it is up: vLLM's pool then reads
+    # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES from a cache, not os.environ.
+    vllm.envs.enable_envs_cache()
+
+    print(
+        f"# vLLM KVCacheManager: vLLM BlockPool vs kvpool\n"
+        f"vllm {vllm.__version__}, kvpool {kvpool.__version__} "
+        f"(package default core: {'compiled' if kvpool.USING_EXTENSION else 'pure-python'}), "
+        f"Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs"
+    )
+    names = list(WORKLOADS) if args.workload == "all" else [args.workload]
+    for name in names:
+        changes = {"enable_events": args.events == "on"}
+        if args.requests:
+            changes["num_requests"] = args.requests
+        if args.blocks:
+            changes["num_blocks"] = args.blocks
+        if args.prefixes:
+            changes["num_prefixes"] = args.prefixes
+        w = WORKLOADS[name].scaled(**changes)
+        report(w, bench(w, args.rounds, args.core, args.pool_time))
+        if args.profile:
+            profile(w, args.core, args.top)
+
+
+if __name__ == "__main__":
+    main()
