@@ -11,7 +11,9 @@ cdef class _Store:
     cdef int32_t *prev            # free-list links; -1: not in the list
     cdef int32_t *next
     cdef int32_t *ref_cnt
-    cdef uint8_t *flags           # _NULL, _MARK
+    cdef uint8_t *flags           # _NULL
+    cdef uint32_t *stamp          # == epoch: seen earlier in the current call
+    cdef uint32_t epoch
     cdef PyObject **hash          # owned reference to the hash key, or NULL
     cdef PyObject **objs          # the block objects (owned, or borrowed if private)
     cdef bint private             # a standalone block's own one-block store
@@ -19,6 +21,7 @@ cdef class _Store:
 
     cdef object block(self, Py_ssize_t i)
     cdef int materialise(self, Py_ssize_t first, Py_ssize_t count) except -1
+    cdef uint32_t new_epoch(self) noexcept
     cdef void unlink(self, Py_ssize_t i) noexcept
     cdef void link_tail(self, Py_ssize_t i) noexcept
 

@@ -31,18 +31,18 @@ from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from cpython.sequence cimport PySequence_Fast, PySequence_Fast_GET_ITEM, PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
 from libc.stdint cimport INT32_MAX, int32_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcmp, memcpy, memset
 
 cdef extern from "Python.h":
     Py_ssize_t Py_REFCNT(object o)
     const Py_ssize_t PY_SSIZE_T_MAX
     void PyObject_GC_UnTrack(PyObject *o)
+    void Py_SET_SIZE(object o, Py_ssize_t size)
     bint PyList_CheckExact(object o)
     bint PyTuple_CheckExact(object o)
 
 cdef enum:
     _NULL = 1       # the pool's null block
-    _MARK = 2       # scratch bit: "seen in this call" (always clear between calls)
 
 DEF GROUP_ID_BYTES = 4
 # Largest pool: indices, sentinels included, must fit an int32.
@@ -62,10 +62,12 @@ cdef class _Store:
         self.next = <int32_t *> PyMem_Malloc(size * sizeof(int32_t))
         self.ref_cnt = <int32_t *> PyMem_Calloc(size, sizeof(int32_t))
         self.flags = <uint8_t *> PyMem_Calloc(size, sizeof(uint8_t))
+        self.stamp = <uint32_t *> PyMem_Calloc(size, sizeof(uint32_t))
         self.hash = <PyObject **> PyMem_Calloc(size, sizeof(PyObject *))
         self.objs = <PyObject **> PyMem_Calloc(size, sizeof(PyObject *))
         if (self.prev == NULL or self.next == NULL or self.ref_cnt == NULL
-                or self.flags == NULL or self.hash == NULL or self.objs == NULL):
+                or self.flags == NULL or self.stamp == NULL or self.hash == NULL
+                or self.objs == NULL):
             raise MemoryError(f"cannot allocate the state of {n} blocks")
         for i in range(size):
             self.prev[i] = -1
@@ -97,6 +99,7 @@ cdef class _Store:
         PyMem_Free(self.next)
         PyMem_Free(self.ref_cnt)
         PyMem_Free(self.flags)
+        PyMem_Free(self.stamp)
         PyMem_Free(self.hash)
         PyMem_Free(self.objs)
 
@@ -121,6 +124,15 @@ cdef class _Store:
             if i < self.n:  # sentinels do not count: num_objs == n means "all blocks"
                 self.num_objs += 1
         return 0
+
+    cdef uint32_t new_epoch(self) noexcept:
+        """A fresh stamp value: ``stamp[i] == epoch`` means "block i was seen
+        earlier in this call", with nothing to clear afterwards."""
+        self.epoch += 1
+        if self.epoch == 0:  # wrapped after 2**32 calls: forget old stamps
+            memset(self.stamp, 0, (self.n + 2) * sizeof(uint32_t))
+            self.epoch = 1
+        return self.epoch
 
     cdef void unlink(self, Py_ssize_t i) noexcept:
         cdef int32_t p = self.prev[i], nx = self.next[i]
@@ -484,7 +496,7 @@ cdef class FreeKVCacheBlockQueue:
     def append_n(self, blocks):
         """Put ``blocks`` at the tail, in order."""
         cdef object seq = PySequence_Fast(blocks, "blocks must be a sequence of KVCacheBlock")
-        _append_n(self.st, seq, False)
+        _append_n(self.st, seq)
 
     def get_all_free_blocks(self):
         """The free blocks from head to tail."""
@@ -541,34 +553,35 @@ cdef list _popleft_n(_Store st, Py_ssize_t k, bint allocate=False,
     return ret
 
 
-cdef int _append_n(_Store st, object seq, bint only_freed) except -1:
-    """Link every block of ``seq`` (a PySequence_Fast) at the tail, after
-    checking all of them: pool blocks, not in the queue, no duplicates."""
+cdef int _append_n(_Store st, object seq) except -1:
+    """Link every block of ``seq`` (a PySequence_Fast) at the tail, in one
+    pass; if a block is foreign, already queued or repeated, the run linked
+    so far is cut off again and nothing has changed."""
     cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), j, i, bad = -1
     cdef PyObject **items = PySequence_Fast_ITEMS(seq)
-    cdef int32_t last, tail = <int32_t> (st.n + 1)
+    cdef int32_t tail = <int32_t> (st.n + 1)
+    cdef int32_t last0 = st.prev[tail], last = last0
+    cdef uint32_t ep = st.new_epoch()
     for j in range(n):
         i = _index_in_or_none(st, <object> items[j])
-        if i < 0 or st.prev[i] >= 0 or st.flags[i] & _MARK:
+        if i < 0 or st.stamp[i] == ep or st.prev[i] >= 0:
             bad = j
             break
-        st.flags[i] |= _MARK
-    if bad >= 0:
-        for j in range(bad):
-            st.flags[(<KVCacheBlock> items[j])._idx] &= ~_MARK
-        o = <object> items[bad]
-        i = _index_in(st, o, False)  # raises for a foreign block
-        if st.prev[i] >= 0:
-            raise ValueError(f"block {(<KVCacheBlock> o)._bid} is already in the free queue")
-        raise ValueError(f"block {(<KVCacheBlock> o)._bid} appears twice")
-    # Link the whole run after the current last block, clearing the marks.
-    last = st.prev[tail]
-    for j in range(n):
-        i = (<KVCacheBlock> items[j])._idx
-        st.flags[i] &= ~_MARK
+        st.stamp[i] = ep
         st.next[last] = <int32_t> i
         st.prev[i] = last
         last = <int32_t> i
+    if bad >= 0:
+        for j in range(bad):
+            i = (<KVCacheBlock> items[j])._idx
+            st.prev[i] = -1
+            st.next[i] = -1
+        st.next[last0] = tail
+        o = <object> items[bad]
+        i = _index_in(st, o, False)  # raises for a foreign block
+        if st.stamp[i] == ep:
+            raise ValueError(f"block {(<KVCacheBlock> o)._bid} appears twice")
+        raise ValueError(f"block {(<KVCacheBlock> o)._bid} is already in the free queue")
     st.next[last] = tail
     st.prev[tail] = last
     st.num_free += n
@@ -980,13 +993,17 @@ cdef class PoolCore:
         if ng == 1:
             # The common case: one group, one result list, no scratch array.
             gid0 = _check_group(<object> PySequence_Fast_GET_ITEM(groups, 0))
-            hit = []
+            # Sized for a full hit and shortened in place at the first miss
+            # (slots past the size are NULL, which a list tolerates).
+            hit = PyList_New(limit)
             for j in range(limit):
                 b = cache.get_hg(
                     _check_hash(<object> PySequence_Fast_GET_ITEM(hashes, j)), gid0)
                 if b is None:
+                    Py_SET_SIZE(hit, j)
                     break
-                PyList_Append(hit, b)
+                Py_INCREF(b)
+                PyList_SET_ITEM(hit, j, b)
             return [hit]
         gids = <uint32_t *> PyMem_Malloc(ng * sizeof(uint32_t))
         if gids == NULL:
@@ -1016,39 +1033,51 @@ cdef class PoolCore:
         Null blocks are skipped."""
         cdef object seq = PySequence_Fast(ordered_blocks, "ordered_blocks must be iterable")
         cdef _Store st = self.st
-        cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), j, i, done = 0
+        cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), j, i, done = 0, linked = 0
+        cdef PyObject **items = PySequence_Fast_ITEMS(seq)
+        cdef int32_t tail = <int32_t> (st.n + 1)
+        cdef int32_t last0 = st.prev[tail], last = last0, k, nx
+        cdef uint32_t ep = st.new_epoch()
         cdef str problem = None
-        # Pass 1: check and decrement, marking each block; undo on error.
+        # One pass: check, decrement, and link blocks reaching zero after the
+        # current last block (the tail is closed at the end). On a bad block
+        # everything done so far is undone.
         while done < n:
-            i = _index_in_or_none(st, <object> PySequence_Fast_GET_ITEM(seq, done))
+            i = _index_in_or_none(st, <object> items[done])
             if i < 0:
                 problem = "foreign"
                 break
             if not (st.flags[i] & _NULL):
-                if st.flags[i] & _MARK:
+                if st.stamp[i] == ep:
                     problem = "twice"
                     break
                 if st.ref_cnt[i] <= 0:
                     problem = "zero"
                     break
-                st.flags[i] |= _MARK
+                st.stamp[i] = ep
                 st.ref_cnt[i] -= 1
+                if st.ref_cnt[i] == 0 and st.prev[i] < 0:
+                    st.next[last] = <int32_t> i
+                    st.prev[i] = last
+                    last = <int32_t> i
+                    linked += 1
             done += 1
         if problem is not None:
+            k = st.next[last0]
+            for j in range(linked):
+                nx = st.next[k]
+                st.prev[k] = -1
+                st.next[k] = -1
+                k = nx
+            st.next[last0] = tail
             for j in range(done):
-                i = (<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx
-                if st.flags[i] & _MARK:
-                    st.flags[i] &= ~_MARK
+                i = (<KVCacheBlock> items[j])._idx
+                if not (st.flags[i] & _NULL):
                     st.ref_cnt[i] += 1
-            _raise_free_error(st, <object> PySequence_Fast_GET_ITEM(seq, done), problem)
-        # Pass 2: clear the marks; the blocks that reached zero join the
-        # queue, in order.
-        for j in range(n):
-            i = (<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx
-            if st.flags[i] & _MARK:
-                st.flags[i] &= ~_MARK
-                if st.ref_cnt[i] == 0 and st.prev[i] < 0:
-                    st.link_tail(i)
+            _raise_free_error(st, <object> items[done], problem)
+        st.next[last] = tail
+        st.prev[tail] = last
+        st.num_free += linked
 
     def _allocate(self, num_blocks, bint evict, list removed):
         cdef Py_ssize_t k = _check_count(num_blocks, "num_blocks")
@@ -1097,7 +1126,7 @@ cdef class PoolCore:
     def _cache_blocks(self, blocks, start, stop, block_hashes, group_id, list stored):
         cdef _Store st = self.st
         cdef Py_ssize_t off, n, j, i, bad = -1
-        cdef uint32_t gid
+        cdef uint32_t gid, ep
         if start >= stop:
             return
         if start < 0:
@@ -1128,18 +1157,17 @@ cdef class PoolCore:
             if st.hash[i] != NULL:
                 raise RuntimeError(f"block {i} already has a hash")
             _check_hash(<object> PyList_GET_ITEM(hl, off + j))
-        # Then duplicates, with the scratch mark (no Python code runs while
-        # marks are set, and flags do not change between these passes).
+        # Then duplicates, with this call's stamp (flags do not change
+        # between these passes).
+        ep = st.new_epoch()
         for j in range(n):
             i = (<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx
             if st.flags[i] & _NULL:
                 continue
-            if st.flags[i] & _MARK:
+            if st.stamp[i] == ep:
                 bad = j
                 break
-            st.flags[i] |= _MARK
-        for j in range(n if bad < 0 else bad):
-            st.flags[(<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx] &= ~_MARK
+            st.stamp[i] = ep
         if bad >= 0:
             raise ValueError(
                 f"block {(<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, bad))._bid} "
