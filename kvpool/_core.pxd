@@ -63,6 +63,11 @@ cdef class PoolCore:
     # Released in this order: the handles' other owners before the store, so
     # a dying pool does not move still-cached handles to private stores.
     cdef list _blocks
+    cdef object _collector        # the facade's settings (see the properties)
+    cdef object _enable_caching
+    cdef object _enable_events
+    cdef bint _caching
+    cdef bint _events
     cdef BlockHashToBlockMap _map
     cdef FreeKVCacheBlockQueue _queue
     cdef _Store st

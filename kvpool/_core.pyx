@@ -916,6 +916,56 @@ cdef class PoolCore:
     def __init__(self, num_gpu_blocks, *args, **kwargs):
         pass  # everything is done in __cinit__
 
+    # The facade's settings live in C fields, so that get_new_blocks and
+    # touch can take their fast path (no events, no metrics) without a
+    # Python frame or an instance-dict lookup.
+    @property
+    def enable_caching(self):
+        return self._enable_caching
+
+    @enable_caching.setter
+    def enable_caching(self, value):
+        self._caching = bool(value)
+        self._enable_caching = value
+
+    @property
+    def enable_kv_cache_events(self):
+        return self._enable_events
+
+    @enable_kv_cache_events.setter
+    def enable_kv_cache_events(self, value):
+        self._events = bool(value)
+        self._enable_events = value
+
+    @property
+    def metrics_collector(self):
+        return self._collector
+
+    @metrics_collector.setter
+    def metrics_collector(self, value):
+        self._collector = value
+
+    def get_new_blocks(self, num_blocks):
+        """Pop ``num_blocks`` blocks from the head of the free queue (least
+        recently freed first), evicting their cached hashes when caching is
+        on, each with ``ref_cnt == 1``. Does not look in the cache."""
+        if self._events or self._collector:
+            return self._get_new_blocks_with_hooks(num_blocks)
+        cdef Py_ssize_t k = _check_count(num_blocks, "num_blocks")
+        cdef _Store st = self.st
+        if k > st.num_free:
+            raise ValueError(
+                f"Cannot get {k} free blocks from the pool ({st.num_free} free)"
+            )
+        return _popleft_n(st, k, True, self._caching, self._map, None)
+
+    def touch(self, blocks):
+        """Take a reference on each block of a prefix-cache hit; a free
+        block leaves the free queue (O(1))."""
+        self._touch(blocks)
+        if self._collector:
+            self._report_touch(blocks)
+
     @property
     def num_gpu_blocks(self):
         return self.st.n
@@ -967,7 +1017,23 @@ cdef class PoolCore:
         any group misses (all or nothing)."""
         _check_hash(block_hash)
         cdef BlockHashToBlockMap cache = self._map
-        cdef list ret = []
+        cdef Py_ssize_t ng, j
+        cdef list ret
+        if PyList_CheckExact(kv_cache_group_ids):
+            # The engine's case: a short list of ids, indexed without an
+            # iterator, into a list of the right size.
+            ng = PyList_GET_SIZE(kv_cache_group_ids)
+            ret = PyList_New(ng)
+            for j in range(ng):
+                b = cache.get_hg(block_hash, _check_group(
+                    <object> PyList_GET_ITEM(kv_cache_group_ids, j)))
+                if b is None:
+                    Py_SET_SIZE(ret, j)  # slots past the size stay NULL
+                    return None
+                Py_INCREF(b)
+                PyList_SET_ITEM(ret, j, b)
+            return ret
+        ret = []
         for g in kv_cache_group_ids:
             b = cache.get_hg(block_hash, _check_group(g))
             if b is None:

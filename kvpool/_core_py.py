@@ -543,6 +543,27 @@ class PoolCore:
 
     # -- prefix-cache lookups (read only) -------------------------------------
 
+    # The facade's settings; plain attributes here (the compiled core keeps
+    # them in C fields). The facade's __init__ sets them.
+    enable_caching: Any = False
+    enable_kv_cache_events: Any = False
+    metrics_collector: Any = None
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pop ``num_blocks`` blocks from the head of the free queue (least
+        recently freed first), evicting their cached hashes when caching is
+        on, each with ``ref_cnt == 1``. Does not look in the cache."""
+        if self.enable_kv_cache_events or self.metrics_collector:
+            return self._get_new_blocks_with_hooks(num_blocks)
+        return self._allocate(num_blocks, self.enable_caching, None)
+
+    def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Take a reference on each block of a prefix-cache hit; a free block
+        leaves the free queue (O(1))."""
+        self._touch(blocks)
+        if self.metrics_collector:
+            self._report_touch(blocks)
+
     def get_cached_block(
         self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
     ) -> list[KVCacheBlock] | None:

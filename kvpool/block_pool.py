@@ -150,10 +150,12 @@ def make_block_pool_class(core: ModuleType) -> type:
                 )
             )
 
-        def get_new_blocks(self, num_blocks: int) -> list[Any]:
-            """Pop ``num_blocks`` blocks from the head of the free queue (least
-            recently freed first), evicting their cached hashes when caching
-            is on, each with ``ref_cnt == 1``. Does not look in the cache."""
+        # get_new_blocks and touch come from the core, which takes a fast
+        # path when there are no events and no collector, and otherwise
+        # calls the two methods below.
+
+        def _get_new_blocks_with_hooks(self, num_blocks: int) -> list[Any]:
+            """``get_new_blocks`` with events and/or metrics on."""
             removed: list[bytes] | None = [] if self.enable_kv_cache_events else None
             ret = self._allocate(num_blocks, self.enable_caching, removed)
             collector = self.metrics_collector
@@ -178,14 +180,11 @@ def make_block_pool_class(core: ModuleType) -> type:
                 self.kv_event_queue.extend(_removed_events(removed))
             return evicted
 
-        def touch(self, blocks: Sequence[Any]) -> None:
-            """Take a reference on each block of a prefix-cache hit; a free
-            block leaves the free queue."""
-            self._touch(blocks)
+        def _report_touch(self, blocks: Sequence[Any]) -> None:
+            """The metrics part of ``touch`` (called only with a collector)."""
             collector = self.metrics_collector
-            if collector:
-                for block in blocks:
-                    collector.on_block_accessed(block)
+            for block in blocks:
+                collector.on_block_accessed(block)
 
         def evict_blocks(self, block_ids: Iterable[int]) -> None:
             """Drop the cached hashes of the given block ids (allocations are
