@@ -36,6 +36,7 @@ from libc.string cimport memcmp, memcpy, memset
 cdef extern from "Python.h":
     Py_ssize_t Py_REFCNT(object o)
     const Py_ssize_t PY_SSIZE_T_MAX
+    long long PyLong_AsLongLongAndOverflow(object o, int *overflow) except? -1
     void PyObject_GC_UnTrack(PyObject *o)
     void Py_SET_SIZE(object o, Py_ssize_t size)
     bint PyList_CheckExact(object o)
@@ -168,27 +169,25 @@ cdef int _detach(KVCacheBlock b, _Store st, Py_ssize_t i) except -1:
 
 
 cdef inline Py_ssize_t _check_count(object n, str what) except -1:
-    cdef Py_ssize_t v
+    cdef int overflow = 0
+    cdef long long v
     if not isinstance(n, int):
         raise TypeError(f"{what} must be an int, got {type(n).__name__}")
-    try:
-        v = n
-    except OverflowError:
-        v = -1 if n < 0 else PY_SSIZE_T_MAX
+    v = PyLong_AsLongLongAndOverflow(n, &overflow)  # no exception to save
+    if overflow:
+        v = -1 if overflow < 0 else PY_SSIZE_T_MAX
     if v < 0:
         raise ValueError(f"{what} must be >= 0, got {n}")
     return v
 
 
 cdef inline uint32_t _check_group(object g) except? 0xFFFFFFFF:
+    cdef int overflow = 0
     cdef long long v
     if not isinstance(g, int):
         raise TypeError(f"kv_cache_group_id must be an int, got {type(g).__name__}")
-    try:
-        v = g
-    except OverflowError:
-        v = -1
-    if v < 0 or v > 0xFFFFFFFF:
+    v = PyLong_AsLongLongAndOverflow(g, &overflow)
+    if overflow or v < 0 or v > 0xFFFFFFFF:
         raise OverflowError(f"kv_cache_group_id {g} does not fit in 4 bytes")
     return <uint32_t> v
 
@@ -627,12 +626,30 @@ cdef inline uint64_t _hash_key(bytes key) noexcept:
     return _hash_parts(<const char *> p, q, g)
 
 
+cdef inline bint _bytes_equal(const unsigned char *a, const unsigned char *b, Py_ssize_t size) noexcept:
+    """``memcmp(a, b, size) == 0``, inline: block hashes are a few words
+    long, and a libc call costs more than comparing them."""
+    cdef uint64_t x, y
+    cdef Py_ssize_t j = 0
+    while j + 8 <= size:
+        memcpy(&x, a + j, 8)
+        memcpy(&y, b + j, 8)
+        if x != y:
+            return False
+        j += 8
+    while j < size:
+        if a[j] != b[j]:
+            return False
+        j += 1
+    return True
+
+
 cdef inline bint _key_equals(object stored, const char *p, Py_ssize_t size, uint32_t g) noexcept:
     cdef const unsigned char *s
     if PyBytes_GET_SIZE(stored) != size + GROUP_ID_BYTES:
         return False
     s = <const unsigned char *> PyBytes_AS_STRING(stored)
-    if memcmp(s, p, size) != 0:
+    if not _bytes_equal(s, <const unsigned char *> p, size):
         return False
     return (s[size] == ((g >> 24) & 0xFF) and s[size + 1] == ((g >> 16) & 0xFF)
             and s[size + 2] == ((g >> 8) & 0xFF) and s[size + 3] == (g & 0xFF))
