@@ -1114,53 +1114,25 @@ cdef class PoolCore:
         free queue's tail in the given order (callers pass a request's blocks
         in reverse, so the chain's tail is evicted before its shared prefix).
         Null blocks are skipped."""
-        cdef object seq = PySequence_Fast(ordered_blocks, "ordered_blocks must be iterable")
-        cdef _Store st = self.st
-        cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), j, i, done = 0, linked = 0
-        cdef PyObject **items = PySequence_Fast_ITEMS(seq)
-        cdef int32_t tail = <int32_t> (st.n + 1)
-        cdef int32_t last0 = st.prev[tail], last = last0, k, nx
-        cdef uint32_t ep = st.new_epoch()
-        cdef str problem = None
-        # One pass: check, decrement, and link blocks reaching zero after the
-        # current last block (the tail is closed at the end). On a bad block
-        # everything done so far is undone.
-        while done < n:
-            i = _index_in_or_none(st, <object> items[done])
-            if i < 0:
-                problem = "foreign"
-                break
-            if not (st.flags[i] & _NULL):
-                if st.stamp[i] == ep:
-                    problem = "twice"
-                    break
-                if st.ref_cnt[i] <= 0:
-                    problem = "zero"
-                    break
-                st.stamp[i] = ep
-                st.ref_cnt[i] -= 1
-                if st.ref_cnt[i] == 0 and st.prev[i] < 0:
-                    st.next[last] = <int32_t> i
-                    st.prev[i] = last
-                    last = <int32_t> i
-                    linked += 1
-            done += 1
-        if problem is not None:
-            k = st.next[last0]
-            for j in range(linked):
-                nx = st.next[k]
-                st.prev[k] = -1
-                st.next[k] = -1
-                k = nx
-            st.next[last0] = tail
-            for j in range(done):
-                i = (<KVCacheBlock> items[j])._idx
-                if not (st.flags[i] & _NULL):
-                    st.ref_cnt[i] += 1
-            _raise_free_error(st, <object> items[done], problem)
-        st.next[last] = tail
-        st.prev[tail] = last
-        st.num_free += linked
+        cdef object seq
+        cdef Py_ssize_t idx
+        if type(ordered_blocks) is _ListReverseIterator:
+            # `reversed(req_blocks)`, what the engine passes: walk the list
+            # backwards in place instead of copying it. The iterator's list
+            # and position come from its __reduce__ (public API); it is then
+            # exhausted, as copying it would have.
+            state = ordered_blocks.__reduce__()
+            ordered_blocks.__setstate__(-1)
+            if len(state) != 3:
+                return  # already exhausted
+            seq = state[1][0]
+            idx = state[2]
+            if type(seq) is not list or idx >= PyList_GET_SIZE(seq):
+                return  # as iterating it would have ended at once
+            _free(self.st, PySequence_Fast_ITEMS(seq) + idx, idx + 1, -1)
+            return
+        seq = PySequence_Fast(ordered_blocks, "ordered_blocks must be iterable")
+        _free(self.st, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq), 1)
 
     def _allocate(self, num_blocks, bint evict, list removed):
         cdef Py_ssize_t k = _check_count(num_blocks, "num_blocks")
@@ -1282,6 +1254,58 @@ cdef class PoolCore:
             Py_XDECREF(h)
         self._map = BlockHashToBlockMap()
         return True
+
+
+cdef object _ListReverseIterator = type(reversed([]))
+
+
+cdef int _free(_Store st, PyObject **items, Py_ssize_t n, Py_ssize_t stride) except -1:
+    """free_blocks over ``items[0], items[stride], ...`` (``n`` of them), in
+    one pass: check, decrement, and link the blocks reaching zero after the
+    current last block (the tail is closed at the end). On a bad block
+    everything done so far is undone."""
+    cdef Py_ssize_t j, i, done = 0, linked = 0
+    cdef int32_t tail = <int32_t> (st.n + 1)
+    cdef int32_t last0 = st.prev[tail], last = last0, k, nx
+    cdef uint32_t ep = st.new_epoch()
+    cdef str problem = None
+    while done < n:
+        i = _index_in_or_none(st, <object> items[done * stride])
+        if i < 0:
+            problem = "foreign"
+            break
+        if not (st.flags[i] & _NULL):
+            if st.stamp[i] == ep:
+                problem = "twice"
+                break
+            if st.ref_cnt[i] <= 0:
+                problem = "zero"
+                break
+            st.stamp[i] = ep
+            st.ref_cnt[i] -= 1
+            if st.ref_cnt[i] == 0 and st.prev[i] < 0:
+                st.next[last] = <int32_t> i
+                st.prev[i] = last
+                last = <int32_t> i
+                linked += 1
+        done += 1
+    if problem is not None:
+        k = st.next[last0]
+        for j in range(linked):
+            nx = st.next[k]
+            st.prev[k] = -1
+            st.next[k] = -1
+            k = nx
+        st.next[last0] = tail
+        for j in range(done):
+            i = (<KVCacheBlock> items[j * stride])._idx
+            if not (st.flags[i] & _NULL):
+                st.ref_cnt[i] += 1
+        _raise_free_error(st, <object> items[done * stride], problem)
+    st.next[last] = tail
+    st.prev[tail] = last
+    st.num_free += linked
+    return 0
 
 
 cdef inline Py_ssize_t _index_in_or_none(_Store st, object o):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import random
 
+import pytest
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -914,3 +916,40 @@ def test_pool_core_touch_and_reset(core):
     assert len(pool.cached_block_hash_to_block) == 0
     assert all(b.block_hash is None for b in pool.blocks)
     assert ids(pool.free_block_queue.get_all_free_blocks()) == [3, 1, 2]
+
+
+# ---------------------------------------------------------------------------
+# free_blocks(reversed(list)): the engine's call, which the compiled core
+# walks in place instead of copying.
+
+
+def test_free_reversed_iterator_frees_in_reverse_and_exhausts_it(BlockPool):
+    pool = BlockPool(8, True, 16)
+    blocks = pool.get_new_blocks(5)
+    it = reversed(blocks)
+    assert next(it) is blocks[4]  # partly consumed: the rest is freed
+    pool.free_blocks(it)
+    assert list(it) == []
+    assert [b.ref_cnt for b in blocks] == [0, 0, 0, 0, 1]
+    assert [b.block_id for b in pool.free_block_queue.get_all_free_blocks()] == [6, 7, 4, 3, 2, 1]
+    done = reversed([blocks[4]])
+    list(done)
+    pool.free_blocks(done)  # an exhausted iterator frees nothing
+    assert blocks[4].ref_cnt == 1
+    pool.free_blocks(reversed([]))
+    assert pool.get_num_free_blocks() == 6
+
+
+def test_free_reversed_iterator_error_changes_nothing(BlockPool):
+    pool = BlockPool(8, True, 16)
+    blocks = pool.get_new_blocks(4)
+    pool.free_blocks([blocks[0]])
+    before = pool_state(pool)
+    # Walked backwards: blocks 4, 3, 2 reach zero and are linked, then
+    # block 1 (ref_cnt 0) is a double free: all of it must be undone.
+    with pytest.raises(ValueError):
+        pool.free_blocks(reversed(blocks))
+    assert pool_state(pool) == before
+    with pytest.raises(ValueError):
+        pool.free_blocks(reversed([blocks[2], blocks[2]]))
+    assert pool_state(pool) == before
