@@ -66,6 +66,7 @@ cdef class PoolCore:
     cdef object _collector        # the facade's settings (see the properties)
     cdef object _enable_caching
     cdef object _enable_events
+    cdef object _hash_block_size
     cdef bint _caching
     cdef bint _events
     cdef BlockHashToBlockMap _map

@@ -93,7 +93,17 @@ class PoolCore:
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None: ...
     # Set by the facade; get_new_blocks and touch call the facade's
     # _get_new_blocks_with_hooks / _report_touch when events or metrics are on.
+    hash_block_size: Any
     enable_caching: Any
+    def cache_full_blocks(
+        self,
+        request: Any,
+        blocks: list[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+    ) -> None: ...
     enable_kv_cache_events: Any
     metrics_collector: Any
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]: ...

@@ -587,29 +587,46 @@ cdef int _append_n(_Store st, object seq) except -1:
     return 0
 
 
-cdef inline uint64_t _mix(uint64_t h, uint64_t w) noexcept:
-    h = (h ^ w) * <uint64_t> 0x9E3779B97F4A7C15
-    return h ^ (h >> 29)
+cdef extern from *:
+    """
+    typedef unsigned __int128 kvpool_u128;
+    """
+    ctypedef unsigned long long kvpool_u128  # only its conversions are used
+
+
+cdef inline uint64_t _mum(uint64_t a, uint64_t b) noexcept:
+    """64x64 -> 128-bit multiply, folded (wyhash's mixing step)."""
+    cdef kvpool_u128 r = <kvpool_u128> a * <kvpool_u128> b
+    return <uint64_t> r ^ <uint64_t> (r >> 64)
 
 
 cdef inline uint64_t _hash_parts(const char *p, Py_ssize_t size, uint32_t suffix) noexcept:
-    """Hash of ``p[:size] + suffix.to_bytes(4, "big")``, 8 bytes at a time.
+    """Hash of ``p[:size] + suffix.to_bytes(4, "big")``.
 
-    Block hashes are already uniformly distributed (sha256 or xxhash), so a
-    light mix is enough; a per-process seed keeps crafted keys from lining up.
+    Each 16-byte chunk is mixed on its own (one wide multiply) and the chunks
+    are combined at the end, so the multiplies of a 32-byte block hash run in
+    parallel instead of in a chain. Block hashes are already uniformly
+    distributed (sha256 or xxhash); the chunk index and a per-process seed
+    keep reordered or crafted keys from colliding.
     """
-    cdef uint64_t h = _SEED ^ <uint64_t> size, w
+    cdef uint64_t acc = _SEED ^ (<uint64_t> size * <uint64_t> 0x9E3779B97F4A7C15)
+    cdef uint64_t a, b, k = 0
     cdef Py_ssize_t j = 0
-    while j + 8 <= size:
-        memcpy(&w, p + j, 8)
-        h = _mix(h, w)
-        j += 8
-    w = 0
-    if j < size:
-        memcpy(&w, p + j, size - j)
-        h = _mix(h, w)
-    h = _mix(h, suffix)
-    return h * <uint64_t> 0xBF58476D1CE4E5B9
+    while j + 16 <= size:
+        memcpy(&a, p + j, 8)
+        memcpy(&b, p + j + 8, 8)
+        acc ^= _mum(a ^ <uint64_t> 0xA0761D6478BD642F ^ k, b ^ _SEED)
+        k += <uint64_t> 0xE7037ED1A0B428DB
+        j += 16
+    a = 0
+    b = 0
+    if size - j > 8:
+        memcpy(&a, p + j, 8)
+        memcpy(&b, p + j + 8, size - j - 8)
+    elif size > j:
+        memcpy(&a, p + j, size - j)
+    acc ^= _mum(a ^ <uint64_t> 0x8EBC6AF09C88C6E3 ^ k, b ^ suffix ^ _SEED)
+    return _mum(acc ^ <uint64_t> 0x589965CC75374CC3, <uint64_t> suffix ^ <uint64_t> 0x1D8E4E27C47D124F)
 
 
 cdef inline uint64_t _hash_key(bytes key) noexcept:
@@ -961,6 +978,29 @@ cdef class PoolCore:
     @metrics_collector.setter
     def metrics_collector(self, value):
         self._collector = value
+
+    @property
+    def hash_block_size(self):
+        return self._hash_block_size
+
+    @hash_block_size.setter
+    def hash_block_size(self, value):
+        self._hash_block_size = value
+
+    def cache_full_blocks(self, request, blocks, num_cached_blocks,
+                          num_full_blocks, block_size, kv_cache_group_id):
+        """Cache ``blocks[num_cached_blocks:num_full_blocks]`` under the
+        request's block hashes (null blocks skipped), for
+        ``kv_cache_group_id``. With events on, queues one ``BlockStored``."""
+        if self._events or block_size != self._hash_block_size:
+            return self._cache_full_blocks_py(
+                request, blocks, num_cached_blocks, num_full_blocks,
+                block_size, kv_cache_group_id,
+            )
+        if num_cached_blocks >= num_full_blocks:
+            return
+        self._cache_blocks(blocks, num_cached_blocks, num_full_blocks,
+                           request.block_hashes, kv_cache_group_id, None)
 
     def get_new_blocks(self, num_blocks):
         """Pop ``num_blocks`` blocks from the head of the free queue (least

@@ -545,6 +545,7 @@ class PoolCore:
 
     # The facade's settings; plain attributes here (the compiled core keeps
     # them in C fields). The facade's __init__ sets them.
+    hash_block_size: Any = None
     enable_caching: Any = False
     enable_kv_cache_events: Any = False
     metrics_collector: Any = None
@@ -556,6 +557,23 @@ class PoolCore:
         if self.enable_kv_cache_events or self.metrics_collector:
             return self._get_new_blocks_with_hooks(num_blocks)
         return self._allocate(num_blocks, self.enable_caching, None)
+
+    def cache_full_blocks(
+        self,
+        request: Any,
+        blocks: list[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+    ) -> None:
+        """Cache ``blocks[num_cached_blocks:num_full_blocks]`` under the
+        request's block hashes (null blocks skipped), for
+        ``kv_cache_group_id``. With events on, queues one ``BlockStored``."""
+        self._cache_full_blocks_py(
+            request, blocks, num_cached_blocks, num_full_blocks, block_size,
+            kv_cache_group_id,
+        )
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Take a reference on each block of a prefix-cache hit; a free block

@@ -92,7 +92,7 @@ def make_block_pool_class(core: ModuleType) -> type:
             self.kv_event_queue: list[KVCacheEvent] = []
             self.metrics_collector = metrics_collector
 
-        def cache_full_blocks(
+        def _cache_full_blocks_py(
             self,
             request: Any,
             blocks: list[Any],
@@ -101,9 +101,9 @@ def make_block_pool_class(core: ModuleType) -> type:
             block_size: int,
             kv_cache_group_id: int,
         ) -> None:
-            """Cache ``blocks[num_cached_blocks:num_full_blocks]`` under the
-            request's block hashes (null blocks skipped), for ``kv_cache_group_id``.
-            With events on, queues one ``BlockStored``."""
+            """``cache_full_blocks``, all cases. The core's
+            ``cache_full_blocks`` calls it, except for the compiled core's
+            fast path (events off, ``block_size == hash_block_size``)."""
             if num_cached_blocks >= num_full_blocks:
                 return
             if block_size == self.hash_block_size:
