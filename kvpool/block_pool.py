@@ -22,6 +22,7 @@ from typing import Any
 from .events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from .hashing import (
     BlockHashListWithBlockSize,
+    convert_block_hashes,
     get_block_hash,
     maybe_convert_block_hash,
 )
@@ -41,13 +42,8 @@ def _check_positive_int(name: str, value: Any) -> None:
 
 def _removed_events(keys: list[bytes]) -> list[BlockRemoved]:
     # One event per evicted block, in eviction order, as vLLM emits them.
-    return [
-        BlockRemoved(
-            block_hashes=[maybe_convert_block_hash(get_block_hash(key))],
-            medium=MEDIUM_GPU,
-        )
-        for key in keys
-    ]
+    hashes = convert_block_hashes([get_block_hash(key) for key in keys])
+    return [BlockRemoved(block_hashes=[h], medium=MEDIUM_GPU) for h in hashes]
 
 
 def make_block_pool_class(core: ModuleType) -> type:
@@ -138,7 +134,7 @@ def make_block_pool_class(core: ModuleType) -> type:
             lora = request.lora_request
             self.kv_event_queue.append(
                 BlockStored(
-                    block_hashes=[maybe_convert_block_hash(h) for h in stored],
+                    block_hashes=convert_block_hashes(stored),
                     parent_block_hash=parent_block_hash,
                     token_ids=request.all_token_ids[
                         num_cached_blocks * block_size : num_full_blocks * block_size

@@ -10,7 +10,7 @@ whose hash CPython caches, so dict lookups stay cheap and the GC never walks it.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import NewType, TypeAlias, overload
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "get_block_hash",
     "get_group_id",
     "maybe_convert_block_hash",
+    "convert_block_hashes",
     "BlockHashListWithBlockSize",
 ]
 
@@ -68,6 +69,17 @@ def maybe_convert_block_hash(hash_bytes: BlockHash) -> ExternalBlockHash:
     if not _use_int_block_hashes():
         return hash_bytes
     return int.from_bytes(hash_bytes, byteorder="big") & _INT64_MASK
+
+
+def convert_block_hashes(hashes: Iterable[BlockHash]) -> list[ExternalBlockHash]:
+    """``[maybe_convert_block_hash(h) for h in hashes]``, reading the
+    environment once for the whole list instead of once per hash (an engine
+    converts every stored and evicted hash; the lookup cost more than the
+    conversion). The low 64 bits of the big-endian value are the last eight
+    bytes, so only those are converted."""
+    if not _use_int_block_hashes():
+        return list(hashes)
+    return [int.from_bytes(h[-8:], "big") for h in hashes]
 
 
 class BlockHashListWithBlockSize:

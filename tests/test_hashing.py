@@ -145,3 +145,17 @@ def test_block_hash_list_matches_concatenation(hashes, scale):
     assert len(view) == len(expected)
     assert list(view) == expected
     assert view[:] == expected
+
+
+@given(st.lists(st.binary(max_size=40), max_size=8))
+def test_convert_block_hashes_is_maybe_convert_per_hash(hashes):
+    from kvpool.hashing import convert_block_hashes
+
+    assert convert_block_hashes(hashes) == [maybe_convert_block_hash(h) for h in hashes]
+
+
+def test_convert_block_hashes_raw_bytes(monkeypatch):
+    from kvpool.hashing import convert_block_hashes
+
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "0")
+    assert convert_block_hashes([b"ab", b"c"]) == [b"ab", b"c"]
