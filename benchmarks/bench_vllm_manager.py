@@ -35,20 +35,20 @@ import pstats
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, os.pardir, "tests", "vllm"))
 
-import vllm_workload as vw  # noqa: E402
+import vllm
+import vllm.envs
+import vllm_workload as vw
+from vllm.v1.core import block_pool as vllm_block_pool
+from vllm.v1.core import kv_cache_coordinator
 
-import kvpool  # noqa: E402
-import kvpool.vllm as kv_vllm  # noqa: E402
-import vllm  # noqa: E402
-import vllm.envs  # noqa: E402
-from vllm.v1.core import block_pool as vllm_block_pool  # noqa: E402
-from vllm.v1.core import kv_cache_coordinator  # noqa: E402
+import kvpool
+import kvpool.vllm as kv_vllm
 
 WORKLOADS = {
     "full": vw.FULL,
@@ -92,7 +92,9 @@ def _is_pool_function(filename: str, func: str) -> bool:
         return func not in _NOT_POOL
     if where.endswith("v1/core/kv_cache_utils.py"):
         return func not in _NOT_POOL
-    return filename == "~" and ("kvpool" in func or "PoolCore" in func or "KVCacheBlock" in func)
+    return filename == "~" and (
+        "kvpool" in func or "PoolCore" in func or "KVCacheBlock" in func
+    )
 
 
 @contextmanager
@@ -102,7 +104,9 @@ def kvpool_pool(core: str) -> Iterator[str]:
         with kv_vllm.enabled():
             yield "compiled" if kvpool.USING_EXTENSION else "pure-python"
         return
-    module = importlib.import_module("kvpool._core" if core == "compiled" else "kvpool._core_py")
+    module = importlib.import_module(
+        "kvpool._core" if core == "compiled" else "kvpool._core_py"
+    )
     saved = kv_cache_coordinator.BlockPool
     kv_cache_coordinator.BlockPool = kvpool.make_block_pool_class(module)
     try:
@@ -129,70 +133,56 @@ class PoolTimer:
         self.by_method: dict[str, list] = {name: [0.0, 0] for name in POOL_METHODS}
         self._depth = 0
 
+    def wrap(self, method, acc: list):
+        """``method``, timed into ``acc`` ([seconds, calls]) and the totals,
+        unless called from inside another timed call."""
+        clock = time.perf_counter
+
+        def timed(*args, **kwargs):
+            if self._depth:
+                return method(*args, **kwargs)
+            self._depth = 1
+            t0 = clock()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                dt = clock() - t0
+                self.seconds += dt
+                self.calls += 1
+                acc[0] += dt
+                acc[1] += 1
+                self._depth = 0
+
+        return timed
+
     def attach(self, mgr) -> None:
         pool = mgr.block_pool
-        clock = time.perf_counter
         for name in POOL_METHODS:
-            method = getattr(pool, name)
-
-            def timed(*args, _method=method, _acc=self.by_method[name], **kwargs):
-                if self._depth:
-                    return _method(*args, **kwargs)
-                self._depth = 1
-                t0 = clock()
-                try:
-                    return _method(*args, **kwargs)
-                finally:
-                    dt = clock() - t0
-                    self.seconds += dt
-                    self.calls += 1
-                    _acc[0] += dt
-                    _acc[1] += 1
-                    self._depth = 0
-
-            setattr(pool, name, timed)
+            setattr(pool, name, self.wrap(getattr(pool, name), self.by_method[name]))
 
     @staticmethod
     def overhead_per_call() -> float:
         """Seconds the wrapper itself adds to one call (median of 5)."""
-
-        class Dummy:
-            def noop(self):
-                return None
-
+        noop = int  # a cheap C callable, like most pool calls
         samples = []
         for _ in range(5):
-            t = PoolTimer()
-            obj = Dummy()
-            method = obj.noop
-            clock = time.perf_counter
-
-            def timed(*args, _method=method, **kwargs):
-                if t._depth:
-                    return _method(*args, **kwargs)
-                t._depth = 1
-                t0 = clock()
-                try:
-                    return _method(*args, **kwargs)
-                finally:
-                    t.seconds += clock() - t0
-                    t.calls += 1
-                    t._depth = 0
-
+            timed = PoolTimer().wrap(noop, [0.0, 0])
             n = 200_000
-            start = clock()
+            start = time.perf_counter()
             for _ in range(n):
                 timed()
-            wrapped = clock() - start
-            start = clock()
+            wrapped = time.perf_counter() - start
+            start = time.perf_counter()
             for _ in range(n):
-                method()
-            bare = clock() - start
+                noop()
+            bare = time.perf_counter() - start
             samples.append((wrapped - bare) / n)
         return statistics.median(samples)
 
 
-def one_run(w: vw.Workload, pool_cm, timer: PoolTimer | None = None) -> tuple[vw.Run, str]:
+def one_run(
+    w: vw.Workload, pool_cm, timer: PoolTimer | None = None
+) -> tuple[vw.Run, str]:
     requests = vw.build_requests(w)  # outside the timed calls
     gc.collect()
     with pool_cm as label:
@@ -201,7 +191,14 @@ def one_run(w: vw.Workload, pool_cm, timer: PoolTimer | None = None) -> tuple[vw
 
 
 def decisions(r: vw.Run) -> tuple:
-    return (r.steps, r.finished, r.preemptions, r.prefix_hit_tokens, r.events, r.manager_calls)
+    return (
+        r.steps,
+        r.finished,
+        r.preemptions,
+        r.prefix_hit_tokens,
+        r.events,
+        r.manager_calls,
+    )
 
 
 def fmt_range(values: list[float], scale: float = 1.0, digits: int = 3) -> str:
@@ -231,8 +228,8 @@ def bench(w: vw.Workload, rounds: int, core: str, pool_time: bool) -> dict:
             else:
                 runs[which].append(run)
     ref = decisions(runs["vllm"][0])
-    for name in runs:
-        for r in runs[name] + timed_runs[name]:
+    for name, rs in runs.items():
+        for r in rs + timed_runs[name]:
             if decisions(r) != ref:
                 raise SystemExit(
                     f"{w.name}: {name} made different decisions: {decisions(r)} != {ref} "
@@ -254,11 +251,14 @@ def report(w: vw.Workload, result: dict) -> float:
         f"{r0.prefix_hit_tokens} prefix-hit tokens, {r0.events} KV events"
     )
     print(
-        f"| pool | time in manager calls, s | us per call | requests/s (manager time) "
-        f"| requests/s (end to end) |"
+        "| pool | time in manager calls, s | us per call | requests/s (manager time) "
+        "| requests/s (end to end) |"
     )
     print("|---|---|---|---|---|")
-    for name, label in (("vllm", "vLLM BlockPool"), ("kvpool", f"kvpool ({result['core']})")):
+    for name, label in (
+        ("vllm", "vLLM BlockPool"),
+        ("kvpool", f"kvpool ({result['core']})"),
+    ):
         rs = runs[name]
         secs = [r.manager_seconds for r in rs]
         per_call = [r.manager_seconds / r.manager_calls for r in rs]
@@ -268,7 +268,10 @@ def report(w: vw.Workload, result: dict) -> float:
             f"| {label} | {fmt_range(secs)} | {fmt_range(per_call, 1e6, 2)} "
             f"| {fmt_range(rps, 1, 0)} | {fmt_range(e2e, 1, 0)} |"
         )
-    ratios = [a.manager_seconds / b.manager_seconds for a, b in zip(runs["vllm"], runs["kvpool"])]
+    ratios = [
+        a.manager_seconds / b.manager_seconds
+        for a, b in zip(runs["vllm"], runs["kvpool"])
+    ]
     print(
         f"\nratio (time in manager calls, vLLM pool / kvpool), per round: "
         f"median {statistics.median(ratios):.2f}x, range {min(ratios):.2f}x-{max(ratios):.2f}x "
@@ -278,7 +281,8 @@ def report(w: vw.Workload, result: dict) -> float:
     if timers["vllm"]:
         overhead = PoolTimer.overhead_per_call()
         pool_secs = {
-            name: [t.seconds - t.calls * overhead for t in ts] for name, ts in timers.items()
+            name: [t.seconds - t.calls * overhead for t in ts]
+            for name, ts in timers.items()
         }
         timed_runs = result["timed_runs"]
         shares = {
@@ -296,7 +300,10 @@ def report(w: vw.Workload, result: dict) -> float:
         )
         print("| pool | in pool calls, s | share of manager time | ns per pool call |")
         print("|---|---|---|---|")
-        for name, label in (("vllm", "vLLM BlockPool"), ("kvpool", f"kvpool ({result['core']})")):
+        for name, label in (
+            ("vllm", "vLLM BlockPool"),
+            ("kvpool", f"kvpool ({result['core']})"),
+        ):
             per = [p / calls for p in pool_secs[name]]
             print(
                 f"| {label} | {fmt_range(pool_secs[name])} | {fmt_range(shares[name], 100, 0)}% "
@@ -309,26 +316,43 @@ def report(w: vw.Workload, result: dict) -> float:
             f"{max(pool_ratios):.2f}x"
         )
         print("\nper pool method (median over rounds, wrapper overhead subtracted):")
-        print("| method | calls a run | vLLM, s | kvpool, s | vLLM ns/call | kvpool ns/call | ratio |")
+        print(
+            "| method | calls a run | vLLM, s | kvpool, s | vLLM ns/call | kvpool ns/call | ratio |"
+        )
         print("|---|---|---|---|---|---|---|")
+        floor = 30e-9  # below this per call, the wrapper's noise dominates
         for name in POOL_METHODS:
             n = timers["vllm"][0].by_method[name][1]
             if not n:
                 continue
             med = {
-                which: statistics.median(t.by_method[name][0] - n * overhead for t in ts)
+                which: statistics.median(
+                    t.by_method[name][0] - n * overhead for t in ts
+                )
                 for which, ts in timers.items()
             }
+            per = {which: med[which] / n for which in med}
+            cells = [
+                f"{per[w] * 1e9:.0f}" if per[w] >= floor else "<30"
+                for w in ("vllm", "kvpool")
+            ]
+            ratio = (
+                f"{per['vllm'] / per['kvpool']:.2f}x"
+                if min(per.values()) >= floor
+                else "-"
+            )
             print(
-                f"| {name} | {n} | {med['vllm']:.3f} | {med['kvpool']:.3f} "
-                f"| {med['vllm'] / n * 1e9:.0f} | {med['kvpool'] / n * 1e9:.0f} "
-                f"| {med['vllm'] / med['kvpool']:.2f}x |"
+                f"| {name} | {n} | {max(med['vllm'], 0):.3f} | {max(med['kvpool'], 0):.3f} "
+                f"| {cells[0]} | {cells[1]} | {ratio} |"
             )
     return statistics.median(ratios)
 
 
 def profile(w: vw.Workload, core: str, top: int) -> None:
-    for label, cm_factory in (("vLLM BlockPool", vllm_pool), ("kvpool", lambda: kvpool_pool(core))):
+    for label, cm_factory in (
+        ("vLLM BlockPool", vllm_pool),
+        ("kvpool", lambda: kvpool_pool(core)),
+    ):
         requests = vw.build_requests(w)
         gc.collect()
         prof = cProfile.Profile()
@@ -338,17 +362,25 @@ def profile(w: vw.Workload, core: str, top: int) -> None:
             prof.disable()
         stats = pstats.Stats(prof)
         in_manager = 0.0  # cumulative time of the workload's manager calls
-        in_pool = 0.0
+        in_pool = 0.0  # cumulative time of pool functions entered from outside the pool
         rows = []
         for (filename, line, func), (cc, nc, tt, ct, callers) in stats.stats.items():
-            if filename.endswith("kv_cache_manager.py") or func == "usage":
+            if filename.endswith("kv_cache_manager.py"):
                 in_manager += sum(
-                    c[3] for caller, c in callers.items() if caller[0].endswith("vllm_workload.py")
+                    c[3]
+                    for caller, c in callers.items()
+                    if caller[0].endswith("vllm_workload.py")
                 )
             is_pool = _is_pool_function(filename, func)
             if is_pool:
-                in_pool += tt
-            rows.append((tt, nc, is_pool, f"{os.path.basename(filename)}:{line}({func})"))
+                in_pool += sum(
+                    c[3]
+                    for caller, c in callers.items()
+                    if not _is_pool_function(caller[0], caller[2])
+                )
+            rows.append(
+                (tt, nc, is_pool, f"{os.path.basename(filename)}:{line}({func})")
+            )
         rows.sort(reverse=True)
         print(
             f"\n### cProfile, {label}, {w.name}: {in_manager:.2f} s in manager calls "
@@ -370,7 +402,9 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=None, help="default: 2048")
     parser.add_argument("--prefixes", type=int, default=None, help="default: 64")
     parser.add_argument("--events", choices=["on", "off"], default="on")
-    parser.add_argument("--core", choices=["default", "compiled", "pure-python"], default="default")
+    parser.add_argument(
+        "--core", choices=["default", "compiled", "pure-python"], default="default"
+    )
     parser.add_argument(
         "--pool-time",
         action="store_true",
