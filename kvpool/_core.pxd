@@ -50,6 +50,7 @@ cdef class BlockHashToBlockMap:
     cdef Py_ssize_t find(self, const char *p, Py_ssize_t size, uint32_t g, uint64_t h) noexcept
     cdef Py_ssize_t find_key(self, bytes key) noexcept
     cdef object first_at(self, Py_ssize_t j)
+    cdef PyObject *get_hg_ptr(self, PyObject *block_hash, uint32_t g) noexcept
     cdef object get_hg(self, object block_hash, uint32_t g)
     cdef int insert_key(self, bytes key, KVCacheBlock block) except -1
     cdef int insert_hg(self, bytes key, object block_hash, uint32_t g, KVCacheBlock block) except -1

@@ -37,6 +37,12 @@ cdef extern from "Python.h":
     Py_ssize_t Py_REFCNT(object o)
     const Py_ssize_t PY_SSIZE_T_MAX
     long long PyLong_AsLongLongAndOverflow(object o, int *overflow) except? -1
+    # Borrowed-pointer forms of bytes/dict macros, for loops that must not
+    # touch reference counts.
+    const char *_bytes_str "PyBytes_AS_STRING"(PyObject *o)
+    Py_ssize_t _bytes_size "PyBytes_GET_SIZE"(PyObject *o)
+    bint _is_bytes "PyBytes_Check"(PyObject *o)
+    bint _is_dict_exact "PyDict_CheckExact"(PyObject *o)
     void PyObject_GC_UnTrack(PyObject *o)
     void Py_SET_SIZE(object o, Py_ssize_t size)
     bint PyList_CheckExact(object o)
@@ -784,6 +790,23 @@ cdef class BlockHashToBlockMap:
             return <object> first
         return v
 
+    cdef PyObject *get_hg_ptr(self, PyObject *block_hash, uint32_t g) noexcept:
+        """``get_hg`` for the hot loops: a borrowed reference, NULL on a miss
+        (``block_hash`` must be bytes)."""
+        cdef const char *p = _bytes_str(block_hash)
+        cdef Py_ssize_t size = _bytes_size(block_hash), pos = 0
+        cdef Py_ssize_t j = self.find(p, size, g, _hash_parts(p, size, g))
+        cdef PyObject *v
+        cdef PyObject *k
+        cdef PyObject *first
+        if j < 0:
+            return NULL
+        v = self.vals[j]
+        if _is_dict_exact(v):
+            PyDict_Next(<object> v, &pos, &k, &first)
+            return first
+        return v
+
     cdef object get_hg(self, object block_hash, uint32_t g):
         """``get_one_block(block_hash + g.to_bytes(4, "big"))`` without
         building the key."""
@@ -1075,6 +1098,7 @@ cdef class PoolCore:
         _check_hash(block_hash)
         cdef BlockHashToBlockMap cache = self._map
         cdef Py_ssize_t ng, j
+        cdef PyObject *bp
         cdef list ret
         if PyList_CheckExact(kv_cache_group_ids):
             # The engine's case: a short list of ids, indexed without an
@@ -1082,13 +1106,13 @@ cdef class PoolCore:
             ng = PyList_GET_SIZE(kv_cache_group_ids)
             ret = PyList_New(ng)
             for j in range(ng):
-                b = cache.get_hg(block_hash, _check_group(
+                bp = cache.get_hg_ptr(<PyObject *> block_hash, _check_group(
                     <object> PyList_GET_ITEM(kv_cache_group_ids, j)))
-                if b is None:
+                if bp == NULL:
                     Py_SET_SIZE(ret, j)  # slots past the size stay NULL
                     return None
-                Py_INCREF(b)
-                PyList_SET_ITEM(ret, j, b)
+                Py_INCREF(<object> bp)
+                PyList_SET_ITEM(ret, j, <object> bp)
             return ret
         ret = []
         for g in kv_cache_group_ids:
@@ -1109,6 +1133,8 @@ cdef class PoolCore:
         cdef BlockHashToBlockMap cache = self._map
         cdef uint32_t *gids
         cdef uint32_t gid0
+        cdef PyObject *bp
+        cdef PyObject **items
         if max_blocks is not None:
             limit = min(limit, _check_count(max_blocks, "max_blocks"))
         if ng == 0:
@@ -1119,14 +1145,17 @@ cdef class PoolCore:
             # Sized for a full hit and shortened in place at the first miss
             # (slots past the size are NULL, which a list tolerates).
             hit = PyList_New(limit)
+            items = PySequence_Fast_ITEMS(hashes)
             for j in range(limit):
-                b = cache.get_hg(
-                    _check_hash(<object> PySequence_Fast_GET_ITEM(hashes, j)), gid0)
-                if b is None:
+                if not _is_bytes(items[j]):
+                    Py_SET_SIZE(hit, j)
+                    _check_hash(<object> items[j])  # raises TypeError
+                bp = cache.get_hg_ptr(items[j], gid0)
+                if bp == NULL:
                     Py_SET_SIZE(hit, j)
                     break
-                Py_INCREF(b)
-                PyList_SET_ITEM(hit, j, b)
+                Py_INCREF(<object> bp)
+                PyList_SET_ITEM(hit, j, <object> bp)
             return [hit]
         gids = <uint32_t *> PyMem_Malloc(ng * sizeof(uint32_t))
         if gids == NULL:
