@@ -24,7 +24,6 @@ from .hashing import (
     BlockHashListWithBlockSize,
     convert_block_hashes,
     get_block_hash,
-    maybe_convert_block_hash,
 )
 from .metrics import KVCacheMetricsCollector
 
@@ -125,16 +124,19 @@ def make_block_pool_class(core: ModuleType) -> type:
             )
             if stored is None:
                 return
+            # One conversion (one read of the environment) for the parent
+            # and the stored hashes together.
             if num_cached_blocks == 0:
                 parent_block_hash = None
+                stored_hashes = convert_block_hashes(stored)
             else:
-                parent_block_hash = maybe_convert_block_hash(
-                    block_hashes[num_cached_blocks - 1]
+                parent_block_hash, *stored_hashes = convert_block_hashes(
+                    [block_hashes[num_cached_blocks - 1], *stored]
                 )
             lora = request.lora_request
             self.kv_event_queue.append(
                 BlockStored(
-                    block_hashes=convert_block_hashes(stored),
+                    block_hashes=stored_hashes,
                     parent_block_hash=parent_block_hash,
                     token_ids=request.all_token_ids[
                         num_cached_blocks * block_size : num_full_blocks * block_size

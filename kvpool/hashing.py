@@ -10,6 +10,7 @@ whose hash CPython caches, so dict lookups stay cheap and the GC never walks it.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NewType, TypeAlias, overload
 
@@ -57,8 +58,13 @@ def get_group_id(key: BlockHashWithGroupId) -> int:
 
 
 def _use_int_block_hashes() -> bool:
-    # Read on every call, as vLLM's envs module does, so a test or an engine
-    # that changes the variable at run time sees the change.
+    # Inside a vLLM process, ask vLLM's own envs module, so kvpool reads the
+    # variable exactly when vLLM would (once, after the engine has enabled
+    # its environment cache). Elsewhere read it on every call, as vLLM's
+    # envs module does without that cache.
+    envs = sys.modules.get("vllm.envs")
+    if envs is not None:
+        return bool(envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)
     return bool(int(os.getenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")))
 
 
