@@ -46,6 +46,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from time import perf_counter_ns
 from types import ModuleType
 from typing import Any
@@ -74,6 +75,13 @@ BLOCK_SIZE = 16  # tokens per block, as in vLLM's default
 HASH_BYTES = 32  # sha256 digests, vLLM's default block hash
 BATCH = 256  # blocks per bulk call in the microbenchmarks
 GROUP_IDS = [0]  # one KV-cache group, as in a plain decoder-only model
+
+
+def _in_source_checkout() -> bool:
+    """Whether the kvpool in use is a source tree (it has setup.py beside it)."""
+    import kvpool
+
+    return (Path(kvpool.__file__).resolve().parent.parent / "setup.py").exists()
 
 
 def load_core(key: str) -> tuple[ModuleType, type]:
@@ -921,6 +929,11 @@ def format_table(result: dict[str, Any]) -> str:
                    f"({CORES[s['same_core']][1]}).")
     if not result["cores"]["compiled"]["available"]:
         out.append(f"!! compiled core not available: {result['cores']['compiled']['error']}")
+        if _in_source_checkout():
+            out.append("!! kvpool was imported from a source checkout without the built "
+                       "module (python -m puts the current directory first on sys.path): "
+                       "run `kvpool-bench`, or `python -m kvpool.bench` from another "
+                       "directory, or build in place with `python setup.py build_ext --inplace`.")
     for e in result["errors"]:
         out.append(f"!! {e}")
     return "\n".join(out)
