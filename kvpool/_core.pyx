@@ -1196,7 +1196,7 @@ cdef class PoolCore:
                 return  # already exhausted
             seq = state[1][0]
             idx = state[2]
-            if type(seq) is not list or idx >= PyList_GET_SIZE(seq):
+            if type(seq) is not list or idx < 0 or idx >= PyList_GET_SIZE(seq):
                 return  # as iterating it would have ended at once
             _free(self.st, PySequence_Fast_ITEMS(seq) + idx, idx + 1, -1)
             return
