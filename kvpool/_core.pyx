@@ -63,7 +63,9 @@ cdef class _Store:
 
     def __cinit__(self, Py_ssize_t n, bint private=False):
         cdef Py_ssize_t size = n + 2, i
-        self.n = n
+        self.n = 0  # until the arrays exist: __dealloc__ walks n + 2 slots
+        if not (0 <= n <= MAX_BLOCKS):
+            raise ValueError(f"a store holds 0..{MAX_BLOCKS} blocks, not {n}")
         self.private = private
         self.prev = <int32_t *> PyMem_Malloc(size * sizeof(int32_t))
         self.next = <int32_t *> PyMem_Malloc(size * sizeof(int32_t))
@@ -76,6 +78,7 @@ cdef class _Store:
                 or self.flags == NULL or self.stamp == NULL or self.hash == NULL
                 or self.objs == NULL):
             raise MemoryError(f"cannot allocate the state of {n} blocks")
+        self.n = n
         for i in range(size):
             self.prev[i] = -1
             self.next[i] = -1
@@ -414,6 +417,8 @@ cdef class FreeKVCacheBlockQueue:
         self.st = _Store(0)
 
     def __init__(self, blocks):
+        if self.st.owned:
+            raise RuntimeError("FreeKVCacheBlockQueue is already initialised")
         cdef object seq = PySequence_Fast(blocks, "blocks must be a sequence of KVCacheBlock")
         cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), i
         cdef KVCacheBlock b

@@ -220,6 +220,8 @@ class FreeKVCacheBlockQueue:
     """
 
     def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
+        if hasattr(self, "_head"):
+            raise RuntimeError("FreeKVCacheBlockQueue is already initialised")
         blocks = list(blocks)
         seen: set[int] = set()
         for block in blocks:

@@ -795,3 +795,16 @@ def test_checks_hold_under_python_O(all_cores):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.split() == [w for name in names for w in ("ok", name)]
+
+
+def test_compiled_internals_refuse_bad_sizes_and_reinit(core):
+    # Reachable from Python, so they must not corrupt memory: a store of a
+    # negative size, and re-initialising a queue that already holds blocks.
+    if core.__name__ == "kvpool._core":
+        for bad in (-1, -2, -3, 2**31):
+            with pytest.raises((ValueError, OverflowError)):
+                core._Store(bad)
+    queue = core.FreeKVCacheBlockQueue([core.KVCacheBlock(i) for i in range(3)])
+    with pytest.raises(RuntimeError):
+        queue.__init__([core.KVCacheBlock(7)])
+    assert [b.block_id for b in queue.get_all_free_blocks()] == [0, 1, 2]
