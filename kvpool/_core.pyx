@@ -1047,9 +1047,10 @@ cdef class PoolCore:
     def touch(self, blocks):
         """Take a reference on each block of a prefix-cache hit; a free
         block leaves the free queue (O(1))."""
-        self._touch(blocks)
+        seq = PySequence_Fast(blocks, "blocks must be a sequence of KVCacheBlock")
+        self._touch(seq)
         if self._collector:
-            self._report_touch(blocks)
+            self._report_touch(seq)  # the same items, even if `blocks` was an iterator
 
     @property
     def num_gpu_blocks(self):

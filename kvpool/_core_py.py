@@ -580,6 +580,8 @@ class PoolCore:
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Take a reference on each block of a prefix-cache hit; a free block
         leaves the free queue (O(1))."""
+        if type(blocks) is not list and type(blocks) is not tuple:
+            blocks = list(blocks)  # iterated twice below
         self._touch(blocks)
         if self.metrics_collector:
             self._report_touch(blocks)

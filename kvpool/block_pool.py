@@ -6,7 +6,9 @@ pool does around it in Python: KV-cache events, sampled metrics and logging.
 ``BlockPool`` *subclasses* the core class, so the calls an engine makes once
 per block (``get_cached_block``) or that need no events (``free_blocks``,
 ``get_num_free_blocks``, ``get_usage``) go straight to the core with no Python
-frame in between.
+frame in between. ``get_new_blocks``, ``touch`` and ``cache_full_blocks`` are
+the core's too: with no events and no metrics collector the compiled core
+does all of their work; otherwise it calls the hook methods defined here.
 
 ``make_block_pool_class(core)`` builds the facade over either core; the
 package exports the one over the core selected at import.

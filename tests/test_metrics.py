@@ -235,3 +235,14 @@ def test_no_collector_means_no_hooks(BlockPool):
     pool.free_blocks(blocks)
     pool.evict_blocks([1])
     assert pool.metrics_collector is None
+
+
+def test_touch_with_an_iterator_reports_every_block(BlockPool):
+    collector = kvpool.KVCacheMetricsCollector(sample_rate=1.0)
+    pool = BlockPool(6, True, 16, metrics_collector=collector)
+    blocks = pool.get_new_blocks(3)
+    accessed = []
+    collector.on_block_accessed = lambda block: accessed.append(block.block_id)
+    pool.touch(iter(blocks))
+    assert accessed == [b.block_id for b in blocks]
+    assert [b.ref_cnt for b in blocks] == [2, 2, 2]
