@@ -49,6 +49,7 @@ cdef class BlockHashToBlockMap:
     cdef int _grow(self) except -1
     cdef Py_ssize_t find(self, const char *p, Py_ssize_t size, uint32_t g, uint64_t h) noexcept
     cdef Py_ssize_t find_key(self, bytes key) noexcept
+    cdef PyObject *first_ptr(self, Py_ssize_t j) noexcept
     cdef object first_at(self, Py_ssize_t j)
     cdef PyObject *get_hg_ptr(self, PyObject *block_hash, uint32_t g) noexcept
     cdef object get_hg(self, object block_hash, uint32_t g)

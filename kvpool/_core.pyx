@@ -220,15 +220,14 @@ cdef inline bytes _make_key(object h, uint32_t group):
     return key
 
 
-cdef inline Py_ssize_t _index_in(_Store st, object o, bint sentinel_ok) except -1:
+cdef inline Py_ssize_t _index_in(_Store st, object o) except -1:
     """Index of block ``o`` in ``st``; raises unless it is one of its blocks."""
-    cdef KVCacheBlock b
-    if type(o) is not KVCacheBlock:  # final class: a pointer comparison
+    cdef Py_ssize_t i = _index_in_or_none(st, o)
+    if i >= 0:
+        return i
+    if type(o) is not KVCacheBlock:
         raise TypeError(f"expected a KVCacheBlock, got {type(o).__name__}")
-    b = <KVCacheBlock> o
-    if b._st != <PyObject *> st or (b._idx >= st.n and not sentinel_ok):
-        raise ValueError(f"block {b._bid} does not belong to this pool")
-    return b._idx
+    raise ValueError(f"block {(<KVCacheBlock> o)._bid} does not belong to this pool")
 
 
 cdef inline _Store _live_store(KVCacheBlock b):
@@ -490,7 +489,7 @@ cdef class FreeKVCacheBlockQueue:
     def remove(self, block):
         """Take ``block`` out of the queue, wherever it is (O(1))."""
         cdef _Store st = self.st
-        cdef Py_ssize_t i = _index_in(st, block, False)
+        cdef Py_ssize_t i = _index_in(st, block)
         if st.prev[i] < 0:
             raise RuntimeError(f"remove() called on block {i}, which is not in the free queue")
         st.unlink(i)
@@ -498,7 +497,7 @@ cdef class FreeKVCacheBlockQueue:
     def append(self, block):
         """Put ``block`` at the tail (evicted last)."""
         cdef _Store st = self.st
-        cdef Py_ssize_t i = _index_in(st, block, False)
+        cdef Py_ssize_t i = _index_in(st, block)
         if st.prev[i] >= 0:
             raise ValueError(f"block {(<KVCacheBlock> block)._bid} is already in the free queue")
         st.link_tail(i)
@@ -531,7 +530,6 @@ cdef list _popleft_n(_Store st, Py_ssize_t k, bint allocate=False,
     cdef Py_ssize_t j
     cdef int32_t i, nx, head = <int32_t> st.n
     cdef PyObject *o
-    cdef PyObject *h
     if st.num_objs < st.n:
         # Create missing handles first, so nothing below can fail midway.
         i = st.next[head]
@@ -547,12 +545,8 @@ cdef list _popleft_n(_Store st, Py_ssize_t k, bint allocate=False,
         PyList_SET_ITEM(ret, j, <object> o)
         if allocate:
             st.ref_cnt[i] = 1
-            h = st.hash[i]
-            if evict and h != NULL and cache.pop_block(<bytes> h, <KVCacheBlock> o):
-                st.hash[i] = NULL
-                if removed is not None:
-                    PyList_Append(removed, <object> h)
-                Py_DECREF(<object> h)
+            if evict and st.hash[i] != NULL:  # the common case, a block with no hash, stays inline
+                _evict_one(st, cache, i, removed)
         nx = st.next[i]
         st.prev[i] = -1
         st.next[i] = -1
@@ -561,6 +555,17 @@ cdef list _popleft_n(_Store st, Py_ssize_t k, bint allocate=False,
     st.prev[i] = head
     st.num_free -= k
     return ret
+
+
+cdef list _allocate(_Store st, object num_blocks, bint evict,
+                    BlockHashToBlockMap cache, list removed):
+    """get_new_blocks' work: check the count, then pop and allocate."""
+    cdef Py_ssize_t k = _check_count(num_blocks, "num_blocks")
+    if k > st.num_free:
+        raise ValueError(
+            f"Cannot get {k} free blocks from the pool ({st.num_free} free)"
+        )
+    return _popleft_n(st, k, True, evict, cache, removed)
 
 
 cdef int _append_n(_Store st, object seq) except -1:
@@ -588,7 +593,7 @@ cdef int _append_n(_Store st, object seq) except -1:
             st.next[i] = -1
         st.next[last0] = tail
         o = <object> items[bad]
-        i = _index_in(st, o, False)  # raises for a foreign block
+        i = _index_in(st, o)  # raises for a foreign block
         if st.stamp[i] == ep:
             raise ValueError(f"block {(<KVCacheBlock> o)._bid} appears twice")
         raise ValueError(f"block {(<KVCacheBlock> o)._bid} is already in the free queue")
@@ -782,28 +787,12 @@ cdef class BlockHashToBlockMap:
             j = (j + 1) & mask
         return -1
 
-    cdef object first_at(self, Py_ssize_t j):
-        """The earliest-inserted block of slot ``j`` (-1: None)."""
-        cdef PyObject *k
-        cdef PyObject *first
-        cdef Py_ssize_t pos = 0
-        if j < 0:
-            return None
-        v = <object> self.vals[j]
-        if type(v) is dict:
-            PyDict_Next(v, &pos, &k, &first)
-            return <object> first
-        return v
-
-    cdef PyObject *get_hg_ptr(self, PyObject *block_hash, uint32_t g) noexcept:
-        """``get_hg`` for the hot loops: a borrowed reference, NULL on a miss
-        (``block_hash`` must be bytes)."""
-        cdef const char *p = _bytes_str(block_hash)
-        cdef Py_ssize_t size = _bytes_size(block_hash), pos = 0
-        cdef Py_ssize_t j = self.find(p, size, g, _hash_parts(p, size, g))
+    cdef PyObject *first_ptr(self, Py_ssize_t j) noexcept:
+        """The earliest-inserted block of slot ``j`` (borrowed; NULL for -1)."""
         cdef PyObject *v
         cdef PyObject *k
         cdef PyObject *first
+        cdef Py_ssize_t pos = 0
         if j < 0:
             return NULL
         v = self.vals[j]
@@ -811,6 +800,18 @@ cdef class BlockHashToBlockMap:
             PyDict_Next(<object> v, &pos, &k, &first)
             return first
         return v
+
+    cdef object first_at(self, Py_ssize_t j):
+        """``first_ptr`` as a new reference, or None."""
+        cdef PyObject *b = self.first_ptr(j)
+        return None if b == NULL else <object> b
+
+    cdef PyObject *get_hg_ptr(self, PyObject *block_hash, uint32_t g) noexcept:
+        """``get_hg`` for the hot loops: a borrowed reference, NULL on a miss
+        (``block_hash`` must be bytes)."""
+        cdef const char *p = _bytes_str(block_hash)
+        cdef Py_ssize_t size = _bytes_size(block_hash)
+        return self.first_ptr(self.find(p, size, g, _hash_parts(p, size, g)))
 
     cdef object get_hg(self, object block_hash, uint32_t g):
         """``get_one_block(block_hash + g.to_bytes(4, "big"))`` without
@@ -1036,13 +1037,7 @@ cdef class PoolCore:
         on, each with ``ref_cnt == 1``. Does not look in the cache."""
         if self._events or self._collector:
             return self._get_new_blocks_with_hooks(num_blocks)
-        cdef Py_ssize_t k = _check_count(num_blocks, "num_blocks")
-        cdef _Store st = self.st
-        if k > st.num_free:
-            raise ValueError(
-                f"Cannot get {k} free blocks from the pool ({st.num_free} free)"
-            )
-        return _popleft_n(st, k, True, self._caching, self._map, None)
+        return _allocate(self.st, num_blocks, self._caching, self._map, None)
 
     def touch(self, blocks):
         """Take a reference on each block of a prefix-cache hit; a free
@@ -1210,18 +1205,11 @@ cdef class PoolCore:
         _free(self.st, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq), 1)
 
     def _allocate(self, num_blocks, bint evict, list removed):
-        cdef Py_ssize_t k = _check_count(num_blocks, "num_blocks")
-        cdef _Store st = self.st
-        cdef BlockHashToBlockMap cache = self._map
-        if k > st.num_free:
-            raise ValueError(
-                f"Cannot get {k} free blocks from the pool ({st.num_free} free)"
-            )
-        return _popleft_n(st, k, True, evict, cache, removed)
+        return _allocate(self.st, num_blocks, evict, self._map, removed)
 
     def _evict_block(self, block, list removed):
         cdef _Store st = self.st
-        cdef Py_ssize_t i = _index_in(st, block, False)
+        cdef Py_ssize_t i = _index_in(st, block)
         return _evict_one(st, self._map, i, removed)
 
     def _evict_block_ids(self, list block_ids, list removed):
@@ -1242,7 +1230,7 @@ cdef class PoolCore:
         cdef _Store st = self.st
         cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), j, i
         for j in range(n):
-            i = _index_in(st, <object> PySequence_Fast_GET_ITEM(seq, j), False)
+            i = _index_in(st, <object> PySequence_Fast_GET_ITEM(seq, j))
             if st.ref_cnt[i] > INT32_MAX - n:
                 raise ValueError(f"block {i}: ref_cnt would overflow")
         for j in range(n):
@@ -1281,7 +1269,7 @@ cdef class PoolCore:
         if PyList_GET_SIZE(hl) < off + n:
             raise ValueError(f"block_hashes yields fewer than {stop} hashes")
         for j in range(n):
-            i = _index_in(st, <object> PySequence_Fast_GET_ITEM(seq, j), False)
+            i = _index_in(st, <object> PySequence_Fast_GET_ITEM(seq, j))
             if st.flags[i] & _NULL:
                 continue
             if st.hash[i] != NULL:
@@ -1396,14 +1384,18 @@ cdef inline Py_ssize_t _index_in_or_none(_Store st, object o):
 
 cdef int _raise_free_error(_Store st, object o, str problem) except -1:
     if problem == "foreign":
-        _index_in(st, o, False)
+        _index_in(st, o)
     cdef KVCacheBlock b = <KVCacheBlock> o
     if problem == "twice":
         raise ValueError(f"block {b._bid} appears twice in one free_blocks call")
     raise ValueError(f"block {b._bid} is freed with ref_cnt 0 (double free?)")
 
 
-cdef object _evict_one(_Store st, BlockHashToBlockMap cache, Py_ssize_t i, list removed):
+cdef inline bint _evict_one(_Store st, BlockHashToBlockMap cache, Py_ssize_t i,
+                            list removed) except -1:
+    """Drop block ``i``'s hash from ``cache`` and from the block; the key goes
+    to ``removed``. False (hash kept, as vLLM) when the map does not hold the
+    block under it. A block without a handle cannot be in the map."""
     cdef PyObject *h = st.hash[i]
     if h == NULL or st.objs[i] == NULL:
         return False
