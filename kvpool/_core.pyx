@@ -162,19 +162,27 @@ cdef class _Store:
         self.num_free += 1
 
 
-cdef int _detach(KVCacheBlock b, _Store st, Py_ssize_t i) except -1:
-    """Give ``b`` a private store with its last state (its store is dying)."""
+cdef int _give_private_store(KVCacheBlock b, int32_t ref_cnt, uint8_t flags,
+                             PyObject *owned_hash) except -1:
+    """Bind ``b`` to a one-block store of its own holding this state (the
+    store takes over the reference ``owned_hash``, which may be NULL)."""
     cdef _Store mine = _Store(1, True)
-    mine.ref_cnt[0] = st.ref_cnt[i]
-    mine.flags[0] = st.flags[i] & _NULL
-    mine.hash[0] = st.hash[i]
-    st.hash[i] = NULL
+    mine.ref_cnt[0] = ref_cnt
+    mine.flags[0] = flags
+    mine.hash[0] = owned_hash
     mine.objs[0] = <PyObject *> b  # borrowed: the block owns its private store
     mine.num_objs = 1
     Py_INCREF(mine)
     b._st = <PyObject *> mine
     b._idx = 0
     return 0
+
+
+cdef int _detach(KVCacheBlock b, _Store st, Py_ssize_t i) except -1:
+    """Give ``b`` a private store with its last state (its store is dying)."""
+    cdef PyObject *h = st.hash[i]
+    st.hash[i] = NULL
+    return _give_private_store(b, st.ref_cnt[i], st.flags[i] & _NULL, h)
 
 
 cdef inline Py_ssize_t _check_count(object n, str what) except -1:
@@ -268,17 +276,11 @@ cdef class KVCacheBlock:
         _check_ref_cnt(ref_cnt)
         if _block_hash is not None:
             _check_hash(_block_hash)
-        cdef _Store st = _Store(1, True)
-        st.ref_cnt[0] = ref_cnt
-        st.flags[0] = _NULL if is_null else 0
+        cdef PyObject *h = NULL
         if _block_hash is not None:
             Py_INCREF(_block_hash)
-            st.hash[0] = <PyObject *> _block_hash
-        st.objs[0] = <PyObject *> self  # borrowed (private store)
-        st.num_objs = 1
-        Py_INCREF(st)
-        self._st = <PyObject *> st
-        self._idx = 0
+            h = <PyObject *> _block_hash
+        _give_private_store(self, ref_cnt, _NULL if is_null else 0, h)
         self._bid = block_id
 
     def __dealloc__(self):
