@@ -298,23 +298,8 @@ cdef class KVCacheBlock:
         next_free_block=None,
         is_null=False,
     ):
-        if self._st != NULL:
-            raise RuntimeError("KVCacheBlock is already initialised")
-        if isinstance(block_id, bool) or not isinstance(block_id, int):
-            raise TypeError(f"block_id must be an int, got {type(block_id).__name__}")
-        if not (-2**31 <= block_id < 2**31):
-            raise ValueError(f"block_id {block_id} is out of range [-2**31, 2**31)")
-        if prev_free_block is not None or next_free_block is not None:
-            raise ValueError("a new block cannot be linked to a free list")
-        _check_ref_cnt(ref_cnt)
-        if _block_hash is not None:
-            _check_hash(_block_hash)
-        cdef PyObject *h = NULL
-        if _block_hash is not None:
-            Py_INCREF(_block_hash)
-            h = <PyObject *> _block_hash
-        _give_private_store(self, ref_cnt, _NULL if is_null else 0, h)
-        self._bid = block_id
+        _init_standalone(self, block_id, ref_cnt, _block_hash, prev_free_block,
+                         next_free_block, is_null, NTOK_NONE, None)
 
     def __dealloc__(self):
         cdef _Store st
@@ -434,24 +419,8 @@ cdef class KVCacheBlock33(KVCacheBlock):
         *,
         pool=None,
     ):
-        if self._st != NULL:
-            raise RuntimeError("KVCacheBlock is already initialised")
-        if isinstance(block_id, bool) or not isinstance(block_id, int):
-            raise TypeError(f"block_id must be an int, got {type(block_id).__name__}")
-        if not (-2**31 <= block_id < 2**31):
-            raise ValueError(f"block_id {block_id} is out of range [-2**31, 2**31)")
-        if prev_free_block is not None or next_free_block is not None:
-            raise ValueError("a new block cannot be linked to a free list")
-        _check_ref_cnt(ref_cnt)
-        cdef int64_t ntok = _check_ntok(_block_hash_num_tokens)
-        if _block_hash is not None:
-            _check_hash(_block_hash)
-        cdef PyObject *h = NULL
-        if _block_hash is not None:
-            Py_INCREF(_block_hash)
-            h = <PyObject *> _block_hash
-        _give_private_store(self, ref_cnt, _NULL if is_null else 0, h, ntok, pool)
-        self._bid = block_id
+        _init_standalone(self, block_id, ref_cnt, _block_hash, prev_free_block,
+                         next_free_block, is_null, _check_ntok(_block_hash_num_tokens), pool)
 
     @property
     def block_hash_num_tokens(self):
@@ -495,6 +464,31 @@ cdef class KVCacheBlock33(KVCacheBlock):
             f"prev_free_block={_neighbour_id(st, p)}, "
             f"next_free_block={_neighbour_id(st, nx)})"
         )
+
+
+cdef int _init_standalone(KVCacheBlock self, object block_id, object ref_cnt,
+                          object block_hash, object prev_free_block,
+                          object next_free_block, object is_null, int64_t ntok,
+                          object pool) except -1:
+    """Both lines' constructor: check everything, then give the block a
+    private store with this state."""
+    if self._st != NULL:
+        raise RuntimeError("KVCacheBlock is already initialised")
+    if isinstance(block_id, bool) or not isinstance(block_id, int):
+        raise TypeError(f"block_id must be an int, got {type(block_id).__name__}")
+    if not (-2**31 <= block_id < 2**31):
+        raise ValueError(f"block_id {block_id} is out of range [-2**31, 2**31)")
+    if prev_free_block is not None or next_free_block is not None:
+        raise ValueError("a new block cannot be linked to a free list")
+    _check_ref_cnt(ref_cnt)
+    cdef PyObject *h = NULL
+    if block_hash is not None:
+        _check_hash(block_hash)
+        Py_INCREF(block_hash)
+        h = <PyObject *> block_hash
+    _give_private_store(self, ref_cnt, _NULL if is_null else 0, h, ntok, pool)
+    self._bid = block_id
+    return 0
 
 
 cdef inline int64_t _check_ntok(object value) except? -1:
