@@ -157,21 +157,16 @@ def make_block_pool_class(core: ModuleType) -> type:
                 parent = maybe_convert_block_hash(raw[num_cached_blocks * scale - 1])
             else:
                 parent = maybe_convert_block_hash(hashes[num_cached_blocks - 1])
-            extra_keys_list: list[Any] = []
-            lookahead: list[list[int]] | None = [] if self.num_hash_lookahead_tokens else None
-            mm_idx = 0
-            for i in range(num_cached_blocks, num_full_blocks):
-                if blocks[i].is_null:
-                    continue
-                if block_mask is not None and not block_mask[i - num_cached_blocks]:
-                    continue
-                start = i * block_size
-                keys, mm_idx = self._generate_event_extra_keys(
-                    request, start, start + block_size, mm_idx
-                )
-                extra_keys_list.append(keys)
-                if lookahead is not None:
-                    lookahead.append(self._lookahead_token_ids(request, start + block_size))
+            extra_keys_list, lookahead = self._event_extra_keys(
+                request,
+                [
+                    i
+                    for i in range(num_cached_blocks, num_full_blocks)
+                    if not blocks[i].is_null
+                    and (block_mask is None or block_mask[i - num_cached_blocks])
+                ],
+                block_size,
+            )
             self.kv_event_queue.append(
                 self._build_block_stored_event(
                     request,
@@ -185,6 +180,24 @@ def make_block_pool_class(core: ModuleType) -> type:
                     lookahead_token_ids=lookahead,
                 )
             )
+
+        def _event_extra_keys(
+            self, request: Any, block_indices: Iterable[int], block_size: int
+        ) -> tuple[list[Any], list[list[int]] | None]:
+            """Per block (by index, ascending): its extra keys, and the
+            lookahead tokens its hash covers (None when lookahead is off)."""
+            keys_list: list[Any] = []
+            lookahead: list[list[int]] | None = [] if self.num_hash_lookahead_tokens else None
+            mm_idx = 0
+            for i in block_indices:
+                start = i * block_size
+                keys, mm_idx = self._generate_event_extra_keys(
+                    request, start, start + block_size, mm_idx
+                )
+                keys_list.append(keys)
+                if lookahead is not None:
+                    lookahead.append(self._lookahead_token_ids(request, start + block_size))
+            return keys_list, lookahead
 
         def _generate_event_extra_keys(
             self, request: Any, start: int, end: int, start_mm_idx: int
@@ -236,17 +249,9 @@ def make_block_pool_class(core: ModuleType) -> type:
                 return
             hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
             cached = [hashes[i] for i in range(num_cached_blocks)]
-            extra_keys_list: list[Any] = []
-            lookahead: list[list[int]] | None = [] if self.num_hash_lookahead_tokens else None
-            mm_idx = 0
-            for i in range(num_cached_blocks):
-                start = i * block_size
-                keys, mm_idx = self._generate_event_extra_keys(
-                    request, start, start + block_size, mm_idx
-                )
-                extra_keys_list.append(keys)
-                if lookahead is not None:
-                    lookahead.append(self._lookahead_token_ids(request, start + block_size))
+            extra_keys_list, lookahead = self._event_extra_keys(
+                request, range(num_cached_blocks), block_size
+            )
             # A hit is a prefix from block 0: no parent.
             self.kv_event_queue.append(
                 self._build_block_stored_event(
