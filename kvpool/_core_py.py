@@ -819,8 +819,10 @@ class PoolCore:
         if evict and self._v33:
             ret = queue.popleft_n(num_blocks)
             evict33 = self._evict33
+            by_block = self.cached_block_hashes_by_block
             for block in ret:
-                evict33(block, removed)
+                if block._hash is not None or by_block:
+                    evict33(block, removed)
                 block._ref_cnt = 1
             return ret
         if evict:
@@ -1141,8 +1143,10 @@ class PoolCore:
         Everything is checked before anything changes."""
         tok = self._tok
         seen: set[int] = set()
+        foreign = False
         for block in blocks:
             if getattr(block, "_owner", None) is not tok:
+                foreign = True
                 if getattr(block, "is_null", False):
                     continue
                 if not hasattr(block, "block_id"):
@@ -1167,7 +1171,7 @@ class PoolCore:
         last: list[KVCacheBlock] = []
         others: dict[Any, list[Any]] = {}
         for block in blocks:
-            if getattr(block, "_owner", None) is not tok:
+            if foreign and getattr(block, "_owner", None) is not tok:
                 if not block.is_null:
                     others.setdefault(block.pool, []).append(block)
                 continue
