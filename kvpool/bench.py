@@ -96,9 +96,28 @@ def _in_source_checkout() -> bool:
 
 def load_core(key: str, line: str | None = None) -> tuple[ModuleType, type]:
     """The core module and the ``BlockPool`` facade of ``line`` (default:
-    the line being measured) over it."""
+    the line being measured) over it. With ``KVPOOL_BENCH_BASELINE=vllm``
+    the pure-Python column is vLLM's own pool of that line (vLLM must be
+    importable): how the issues' one-off tables against vLLM are measured."""
+    line = line or _line
+    if key == "pure" and os.environ.get("KVPOOL_BENCH_BASELINE") == "vllm":
+        return _vllm_baseline(line)
     module = importlib.import_module(CORES[key][1])
-    return module, LINES[line or _line](module)
+    return module, LINES[line](module)
+
+
+def _vllm_baseline(line: str) -> tuple[ModuleType, type]:
+    import vllm
+    from vllm.v1.core import block_pool, kv_cache_utils
+
+    expected = {"0.15": ("0.15.", "0.16."), "0.33": ("0.33.",)}[line]
+    if not vllm.__version__.startswith(expected):
+        raise ImportError(f"vLLM {vllm.__version__} does not serve the {line} line")
+    shim = ModuleType("vllm_baseline")
+    shim.KVCacheBlock = shim.KVCacheBlock33 = kv_cache_utils.KVCacheBlock
+    shim.FreeKVCacheBlockQueue = kv_cache_utils.FreeKVCacheBlockQueue
+    shim.__file__ = block_pool.__file__
+    return shim, block_pool.BlockPool
 
 
 def _block_class(core: ModuleType) -> type:
@@ -893,7 +912,9 @@ def _fmt_ratio(x: float | None) -> str:
 
 def format_table(result: dict[str, Any]) -> str:
     m, s = result["machine"], result["settings"]
-    head = ["operation", "unit", "pure-Python", "compiled", "ratio", "ratio IQR",
+    baseline = ("vLLM's own pool" if os.environ.get("KVPOOL_BENCH_BASELINE") == "vllm"
+                else "pure-Python")
+    head = ["operation", "unit", baseline, "compiled", "ratio", "ratio IQR",
             "target", ""]
     lines = []
     for r in result["operations"]:
