@@ -1473,29 +1473,39 @@ cdef class PoolCore:
             st.ref_cnt[i] = 1
 
     def _unpin(self, blocks):
-        """0.33's unpin_blocks without the watchers: drop one reference
-        from each block; those reaching 0 go to the queue's tail (whatever
-        their hash). Null blocks and blocks with ``ref_cnt == 0`` are
-        refused; everything is checked first."""
+        """0.33's unpin_blocks without the watchers: drop one reference per
+        appearance of each block; those reaching 0 go to the queue's tail
+        (whatever their hash), in the order of the appearance that released
+        them. The null block and more appearances than references are
+        refused; a call that raises has changed nothing."""
         cdef _Store st = self.st
         cdef object seq = PySequence_Fast(blocks, "blocks must be a sequence of KVCacheBlock")
-        cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), j, i
-        cdef uint32_t ep = st.new_epoch()
+        cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), j, i, done = 0
+        cdef uint32_t ep
         for j in range(n):
-            o = <object> PySequence_Fast_GET_ITEM(seq, j)
-            i = _index_in(st, o)
+            i = _index_in(st, <object> PySequence_Fast_GET_ITEM(seq, j))
             if st.flags[i] & _NULL:
                 raise ValueError("the null block cannot be unpinned")
+        while done < n:
+            i = (<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, done))._idx
             if st.ref_cnt[i] <= 0:
-                raise ValueError(f"block {(<KVCacheBlock> o)._bid} is unpinned with ref_cnt 0")
-            if st.stamp[i] == ep:
-                raise ValueError(f"block {(<KVCacheBlock> o)._bid} appears twice in one unpin_blocks call")
-            st.stamp[i] = ep
-        for j in range(n):
-            i = (<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx
+                for j in range(done):
+                    st.ref_cnt[(<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx] += 1
+                raise ValueError(
+                    f"block {(<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, done))._bid} is "
+                    "unpinned with ref_cnt 0 (more appearances than references?)")
             st.ref_cnt[i] -= 1
-            if st.ref_cnt[i] == 0 and st.prev[i] < 0:
-                st.link_tail(i)
+            done += 1
+        released = []
+        ep = st.new_epoch()
+        for j in range(n - 1, -1, -1):
+            o = <object> PySequence_Fast_GET_ITEM(seq, j)
+            i = (<KVCacheBlock> o)._idx
+            if st.ref_cnt[i] == 0 and st.prev[i] < 0 and st.stamp[i] != ep:
+                st.stamp[i] = ep
+                released.append(o)
+        released.reverse()
+        _link_n(st, released, False)  # cannot fail: checked above
         return seq
 
     def _evict_block_ids(self, list block_ids, list removed):
@@ -1681,19 +1691,29 @@ cdef class PoolCore:
                 PyList_Append(stored, <object> h)
 
     def _reset_cache(self):
+        """Forget every hash key (a new, empty map); only when no block but
+        the null block is in use."""
+        if self.st.n - self.st.num_free != 1:
+            return False
+        self._map = BlockHashToBlockMap()
+        self._reset_hashes()
+        return True
+
+    def _clear_map(self):
+        """Give the pool a new, empty map (0.33's reset does this before it
+        fires the reuse watchers, and resets the blocks' hashes after)."""
+        self._map = BlockHashToBlockMap()
+
+    def _reset_hashes(self):
         cdef _Store st = self.st
         cdef Py_ssize_t i
         cdef PyObject *h
-        if st.n - st.num_free != 1:
-            return False
         for i in range(st.n + 2):
             h = st.hash[i]
             st.hash[i] = NULL
             if st.ntok != NULL:
                 st.ntok[i] = NTOK_NONE
             Py_XDECREF(h)
-        self._map = BlockHashToBlockMap()
-        return True
 
 
 cdef object _ListReverseIterator = type(reversed([]))
@@ -1833,74 +1853,79 @@ cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t strid
     """vLLM 0.33's free_blocks over ``items[0], items[stride], ...``: null
     blocks are skipped; blocks of another pool are handed to that pool's
     ``free_blocks`` afterwards (grouped by pool, in order of appearance);
-    this pool's blocks lose one reference, and those reaching 0 go to the
-    queue's head if they have no hash (or caching is off) -- they can never
-    be a prefix hit, so they are reused first -- else to its tail (LRU).
-    Everything is checked before anything changes."""
+    this pool's blocks lose one reference per appearance (a block may appear
+    as often as it holds references: vLLM frees the copy-on-write sources of
+    several requests in one call), and those reaching 0 go to the queue's
+    head if they have no hash (or caching is off) -- they can never be a
+    prefix hit, so they are reused first -- else to its tail (LRU), in the
+    order of the appearance that released them. A call that raises has
+    changed nothing."""
     cdef _Store st = pool.st
-    cdef Py_ssize_t j, i
-    cdef uint32_t ep = st.new_epoch()
+    cdef Py_ssize_t j, i, done = 0
     cdef bint caching = pool._caching
     cdef int32_t head = <int32_t> st.n, tail = <int32_t> (st.n + 1)
     cdef int32_t f_first = -1, f_last = -1, l_first = -1, l_last = -1, p
     cdef Py_ssize_t nfirst = 0, nlast = 0
     cdef dict others = None
     cdef PyObject *o
-    for j in range(n):
-        o = items[j * stride]
-        i = _index_in_or_none(st, <object> o)
-        if i < 0:
-            if _null_elsewhere(<object> o):
-                continue
-            other = _pool_of(<object> o)
-            if other is None or other is pool:
-                _index_in(st, <object> o)  # raises: not this pool's block
-            continue
-        if st.flags[i] & _NULL:
-            continue
-        if st.stamp[i] == ep:
-            raise ValueError(f"block {(<KVCacheBlock> o)._bid} appears twice in one free_blocks call")
-        if st.ref_cnt[i] <= 0:
-            raise ValueError(f"block {(<KVCacheBlock> o)._bid} is freed with ref_cnt 0 (double free?)")
-        st.stamp[i] = ep
-    # Two detached runs, spliced in at the end: "first" after the head,
-    # "last" before the tail.
-    for j in range(n):
-        o = items[j * stride]
+    cdef object bad = None
+    # 1. Check and decrement in one pass; on a bad block, undo.
+    while done < n:
+        o = items[done * stride]
         i = _index_in_or_none(st, <object> o)
         if i < 0:
             if not _null_elsewhere(<object> o):
+                other = _pool_of(<object> o)
+                if other is None or other is pool:
+                    bad = <object> o  # not this pool's block
+                    break
                 if others is None:
                     others = {}
-                other = _pool_of(<object> o)
                 group = others.get(other)
                 if group is None:
                     others[other] = group = []
                 PyList_Append(group, <object> o)
-            continue
-        if st.flags[i] & _NULL:
-            continue
-        st.ref_cnt[i] -= 1
-        # A block queued already (its ref_cnt written from outside) stays put.
-        if st.ref_cnt[i] != 0 or st.prev[i] >= 0:
+        elif not (st.flags[i] & _NULL):
+            if st.ref_cnt[i] <= 0:
+                bad = <object> o
+                break
+            st.ref_cnt[i] -= 1
+        done += 1
+    if bad is not None:
+        for j in range(done):
+            i = _index_in_or_none(st, <object> items[j * stride])
+            if i >= 0 and not (st.flags[i] & _NULL):
+                st.ref_cnt[i] += 1
+        if _index_in_or_none(st, bad) < 0:
+            _index_in(st, bad)  # raises: not this pool's block
+        raise ValueError(f"block {(<KVCacheBlock> bad)._bid} is freed with ref_cnt 0 "
+                         "(double free, or more appearances than references?)")
+    # 2. Link the released blocks at their last appearance: walk backwards,
+    # growing two detached runs at their fronts ("first" goes after the
+    # head, "last" before the tail); a linked block has prev >= 0, so its
+    # earlier appearances are passed over, and so is a block that was
+    # queued already (its ref_cnt written from outside).
+    for j in range(n - 1, -1, -1):
+        i = _index_in_or_none(st, <object> items[j * stride])
+        if i < 0 or st.flags[i] & _NULL or st.ref_cnt[i] != 0 or st.prev[i] >= 0:
             continue
         if st.hash[i] == NULL or not caching:
             if nfirst:
-                st.next[f_last] = <int32_t> i
-                st.prev[i] = f_last
+                st.prev[f_first] = <int32_t> i
+                st.next[i] = f_first
             else:
-                f_first = <int32_t> i
-                st.prev[i] = head
-            f_last = <int32_t> i
+                f_last = <int32_t> i
+            f_first = <int32_t> i
+            st.prev[i] = head  # provisional; also marks it linked
             nfirst += 1
         else:
             if nlast:
-                st.next[l_last] = <int32_t> i
-                st.prev[i] = l_last
+                st.prev[l_first] = <int32_t> i
+                st.next[i] = l_first
             else:
-                l_first = <int32_t> i
-                st.prev[i] = tail
-            l_last = <int32_t> i
+                l_last = <int32_t> i
+            l_first = <int32_t> i
+            st.prev[i] = tail
             nlast += 1
     if nlast:
         p = st.prev[tail]

@@ -1138,52 +1138,58 @@ class PoolCore:
 
     def _free33(self, blocks: list[Any]) -> None:
         """vLLM 0.33's free_blocks: null blocks skipped; another pool's blocks
-        handed to that pool afterwards; this pool's blocks reaching 0 go to
-        the head if they have no hash (or caching is off), else to the tail.
-        Everything is checked before anything changes."""
+        handed to that pool afterwards; one reference dropped per appearance
+        (a block may appear as often as it holds references); blocks reaching
+        0 go to the head if they have no hash (or caching is off), else to the
+        tail, in the order of the appearance that released them. A call that
+        raises has changed nothing."""
         tok = self._tok
-        seen: set[int] = set()
-        foreign = False
+        others: dict[Any, list[Any]] = {}
+        done = 0
+        bad = None
         for block in blocks:
             if getattr(block, "_owner", None) is not tok:
-                foreign = True
-                if getattr(block, "is_null", False):
-                    continue
-                if not hasattr(block, "block_id"):
-                    raise TypeError(
-                        f"free_blocks(): expected a KVCacheBlock, got {type(block).__name__}"
-                    )
-                other = getattr(block, "pool", None)
-                if other is None or other is self:
-                    _check_owned(block, tok, "free_blocks()")
-                continue
-            if block._is_null:
-                continue
-            if id(block) in seen:
-                raise ValueError(f"free_blocks(): block {block._block_id} given twice")
-            if block._ref_cnt < 1:
-                raise ValueError(
-                    f"free_blocks(): double free of block {block._block_id} (ref_cnt is 0)"
+                if not getattr(block, "is_null", False):
+                    if not hasattr(block, "block_id"):
+                        bad = block
+                        break
+                    other = getattr(block, "pool", None)
+                    if other is None or other is self:
+                        bad = block
+                        break
+                    others.setdefault(other, []).append(block)
+            elif not block._is_null:
+                if block._ref_cnt < 1:
+                    bad = block
+                    break
+                block._ref_cnt -= 1
+            done += 1
+        if bad is not None:
+            for block in blocks[:done]:
+                if getattr(block, "_owner", None) is tok and not block._is_null:
+                    block._ref_cnt += 1
+            if not isinstance(bad, KVCacheBlock) and not hasattr(bad, "block_id"):
+                raise TypeError(
+                    f"free_blocks(): expected a KVCacheBlock, got {type(bad).__name__}"
                 )
-            seen.add(id(block))
+            _check_owned(bad, tok, "free_blocks()")
+            raise ValueError(
+                f"free_blocks(): double free of block {bad._block_id} (ref_cnt is 0, or "
+                "more appearances than references)"
+            )
         caching = self.enable_caching
         first: list[KVCacheBlock] = []
         last: list[KVCacheBlock] = []
-        others: dict[Any, list[Any]] = {}
-        for block in blocks:
-            if foreign and getattr(block, "_owner", None) is not tok:
-                if not block.is_null:
-                    others.setdefault(block.pool, []).append(block)
+        seen: set[int] = set()
+        for block in reversed(blocks):  # the last appearance releases a block
+            if getattr(block, "_owner", None) is not tok or block._is_null:
                 continue
-            if block._is_null:
-                continue
-            block._ref_cnt -= 1
             # A block queued already (its ref_cnt written from outside) stays put.
-            if block._ref_cnt == 0 and block._prev is tok:
-                if block._hash is None or not caching:
-                    first.append(block)
-                else:
-                    last.append(block)
+            if block._ref_cnt == 0 and block._prev is tok and id(block) not in seen:
+                seen.add(id(block))
+                (first if block._hash is None or not caching else last).append(block)
+        first.reverse()
+        last.reverse()
         queue = self._queue
         queue.prepend_n(first)
         queue.append_n(last)
@@ -1214,27 +1220,31 @@ class PoolCore:
             block._ref_cnt = 1
 
     def _unpin(self, blocks: Iterable[KVCacheBlock]) -> list[KVCacheBlock]:
-        """0.33's unpin_blocks without the watchers: drop one reference from
-        each block; those reaching 0 go to the tail. Checked first."""
+        """0.33's unpin_blocks without the watchers: one reference dropped
+        per appearance; blocks reaching 0 go to the tail, in the order of the
+        appearance that released them. Changes nothing if it raises."""
         blocks = list(blocks)
         tok = self._tok
-        seen: set[int] = set()
         for block in blocks:
             _check_owned(block, tok, "unpin_blocks()")
             if block._is_null:
                 raise ValueError("the null block cannot be unpinned")
+        for done, block in enumerate(blocks):
             if block._ref_cnt < 1:
-                raise ValueError(f"block {block._block_id} is unpinned with ref_cnt 0")
-            if id(block) in seen:
+                for b in blocks[:done]:
+                    b._ref_cnt += 1
                 raise ValueError(
-                    f"block {block._block_id} appears twice in one unpin_blocks call"
+                    f"block {block._block_id} is unpinned with ref_cnt 0 "
+                    "(more appearances than references?)"
                 )
-            seen.add(id(block))
-        released = []
-        for block in blocks:
             block._ref_cnt -= 1
-            if block._ref_cnt == 0 and block._prev is tok:
+        released = []
+        seen: set[int] = set()
+        for block in reversed(blocks):
+            if block._ref_cnt == 0 and block._prev is tok and id(block) not in seen:
+                seen.add(id(block))
                 released.append(block)
+        released.reverse()
         self._queue.append_n(released)
         return blocks
 
@@ -1324,6 +1334,16 @@ class PoolCore:
         """Forget every hash; only when no block but the null block is in use."""
         if self._num_gpu_blocks - self._queue._num_free != 1:
             return False
+        self._check_blocks_list()
+        self._map = BlockHashToBlockMap()
+        self._reset_hashes()
+        return True
+
+    def _clear_map(self) -> None:
+        """A new, empty map (0.33's reset: before the reuse watchers fire)."""
+        self._map = BlockHashToBlockMap()
+
+    def _check_blocks_list(self) -> None:
         blocks = self._blocks
         tok = self._tok
         ok = len(blocks) == self._num_gpu_blocks
@@ -1336,11 +1356,13 @@ class PoolCore:
             ok = False
         if not ok:
             self._raise_blocks_modified()
-        for block in blocks:
+
+    def _reset_hashes(self) -> None:
+        """Every block's hash (and token count) forgotten."""
+        self._check_blocks_list()
+        for block in self._blocks:
             block._hash = None
             block._ntok = None
         # "Every block" includes the queue's sentinels (settable through the API).
         self._queue._head._hash = self._queue._tail._hash = None
         self._queue._head._ntok = self._queue._tail._ntok = None
-        self._map = BlockHashToBlockMap()
-        return True

@@ -523,11 +523,14 @@ def make_block_pool_class(core: ModuleType) -> type:
                     num_used_blocks - 1,
                 )
                 return False
+            # As vLLM: the map is emptied first, the watchers see the blocks
+            # with their hashes, then the hashes go.
+            self._clear_map()
             self.cached_block_hashes_by_block.clear()
             if self._reuse_watchers:
                 blocks = self.blocks
                 self._notify_reuse([blocks[i] for i in list(self._reuse_watchers)])
-            self._reset_cache()
+            self._reset_hashes()
             if self.metrics_collector:
                 self.metrics_collector.reset()
             logger.info("Successfully reset prefix cache")
