@@ -80,7 +80,7 @@ class Config:
         ]
         sizes = r.choice(layouts)
         return cls(
-            num_blocks=r.randint(4, 16) * len(sizes) + 2,
+            num_blocks=r.randint(4, 16) * len(sizes) + 2 if r.random() < 0.95 else r.randint(1, 3),
             enable_caching=r.random() < 0.85,
             hash_block_size=hbs,
             group_block_sizes=sizes,
@@ -418,6 +418,8 @@ class Driver:
         "over_alloc": 1,
         "emit_cached": 2,
         "drain_metrics": 1,
+        "cow_retained": 2,
+        "swap_event_queue": 1,
     }
 
     def __init__(
@@ -429,6 +431,7 @@ class Driver:
         make_mm: Callable[[str, int, int], Any] = fake_mm_feature,
         label: str = "",
         check_invariants_on: Sequence[str] = (),
+        repeats: bool = False,
     ) -> None:
         self.cfg = cfg
         self.sides = sides
@@ -437,6 +440,9 @@ class Driver:
         self.make_mm = make_mm
         self.label = label
         self.check_invariants_on = set(check_invariants_on)
+        # Whether one free_blocks call may name a block twice (each covered
+        # by a reference), as vLLM 0.33's scheduler does for copy-on-write.
+        self.repeats = repeats
         self.step = 0
         self.op = ""
         self.history: list[str] = []
@@ -617,9 +623,21 @@ class Driver:
 
     def make_watcher(self, side: Side, wid: int) -> Callable[[Any], None]:
         log = side.watcher_log
+        pool = side.pool
 
         def on_reuse(block: Any) -> None:
-            log.append((wid, block.block_id, block.ref_cnt, block.block_hash))
+            # What a watcher can see of the pool when it is called.
+            key = block.block_hash
+            log.append(
+                (
+                    wid,
+                    block.block_id,
+                    block.ref_cnt,
+                    key,
+                    pool.get_num_free_blocks(),
+                    key is not None and pool.cached_block_hash_to_block.contain(key, block.block_id),
+                )
+            )
 
         return on_reuse
 
@@ -761,11 +779,21 @@ class Driver:
         return min(q.alloc_tokens, hashed) // bs
 
     def _cache_more(self, q: Req, g: int, r: Any) -> bool:
-        if not self.cfg.enable_caching:
+        if not self.cfg.enable_caching and r.random() < 0.8:
             return False
         start = q.num_cached[g]
         num_full = self._num_full(q, g)
         if start >= num_full:
+            if r.random() < 0.1:  # nothing new to cache: a no-op
+                shown = f"cache_full_blocks({q.fake.request_id}, ..., {start}, {start}, ...)"
+                self.note(shown)
+                bs = self.cfg.group_block_sizes[g]
+                ids = q.blocks[g]
+                self.each(
+                    shown,
+                    lambda s: s.pool.cache_full_blocks(q.fake, self.blocks(s, ids), start, start, bs, g),
+                )
+                return True
             return False
         stop = min(num_full, start + r.randint(1, 3))
         bs = self.cfg.group_block_sizes[g]
@@ -806,7 +834,7 @@ class Driver:
     def op_cache_partial(self, r: Any) -> bool:
         cfg = self.cfg
         hbs = cfg.hash_block_size
-        if not cfg.enable_caching or not self.requests:
+        if not self.requests or not cfg.enable_caching and r.random() < 0.8:
             return False
         q = r.choice(self.requests)
         g = r.randrange(len(cfg.group_block_sizes))
@@ -915,8 +943,13 @@ class Driver:
     def op_evict_blocks(self, r: Any) -> bool:
         n = self.cfg.num_blocks
         ids = r.sample(range(n), r.randint(0, min(n, 5)))
-        as_set = r.random() < 0.7
-        arg: Any = set(ids) if as_set else ids
+        kind = r.random()
+        if kind < 0.6:
+            arg: Any = set(ids)
+        elif kind < 0.8:
+            arg = ids + ids[:1]  # a list may name a block twice
+        else:
+            arg = tuple(ids)
         self.note(f"evict_blocks({arg})")
         self.each(f"evict_blocks({arg})", lambda s: s.pool.evict_blocks(arg))
         return True
@@ -1208,6 +1241,38 @@ class Driver:
             pass
         return True
 
+    def op_cow_retained(self, r: Any) -> bool:
+        """Two requests copy-on-write from the same source block in one step:
+        each gives the source an extra reference and takes a fresh copy target;
+        the scheduler then frees the flattened (source, copy) pairs in one call
+        (kv_cache_manager.take_kv_cache_block_copies, scheduler
+        _free_cow_retained_blocks), the source twice."""
+        if not self.repeats or self.ref.get_num_free_blocks() < 2:
+            return False
+        cands = self.running_ids()
+        if not cands:
+            return False
+        src = r.choice(cands)
+        retained: list[int] = []
+        for _ in range(2):
+            self.note(f"blocks[{src}].ref_cnt += 1")
+            self.each(f"blocks[{src}].ref_cnt += 1", lambda s: _bump(s.pool.blocks[src]))
+            [dst] = self.new_blocks(1, " [copy-on-write target]")
+            retained += [src, dst]
+        self.free_call(retained, iterator=False)
+        return True
+
+    def op_swap_event_queue(self, r: Any) -> bool:
+        """Code outside the pool rebinds its event queue (as take_events does)."""
+        self.note("kv_event_queue = []")
+
+        def swap(s: Side) -> None:
+            s.pool.kv_event_queue = []
+
+        self.each("kv_event_queue = []", swap)
+        self.segments(clear=True)
+        return True
+
     def op_drain_metrics(self, r: Any) -> bool:
         if self.sides[0].collector is None:
             return False
@@ -1271,6 +1336,15 @@ def _state_diff(want: dict[str, Any], have: dict[str, Any]) -> str:
                     lines.append(f"  first differing event #{i}:")
                     lines.append(f"    expected: {_decoded(x)}")
                     lines.append(f"    got:      {_decoded(y)}")
+                    break
+        elif key == "watchers":
+            lines.append(
+                "  reuse-watcher calls (watcher, block, ref_cnt, block_hash, free blocks, "
+                f"key in map): expected {len(a)}, got {len(b)}"
+            )
+            for i, (x, y) in enumerate(itertools.zip_longest(a, b)):
+                if x != y:
+                    lines.append(f"  first differing call #{i}:\n    expected: {x}\n    got:      {y}")
                     break
         elif key == "foreign":
             lines.append("  the other pool differs:\n  " + _state_diff(a, b).replace("\n", "\n  "))

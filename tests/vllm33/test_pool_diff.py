@@ -49,6 +49,7 @@ from vllm.utils.hashing import sha256
 from vllm.v1.core import block_pool as vllm_block_pool
 from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.kv_cache_metrics import KVCacheMetricsCollector as VllmCollector
+from vllm.v1.hisparse.block_pool import SharedEventQueueBlockPool
 
 from _v033_driver import Config, Driver, HarnessError, Mismatch, Side, block_fields
 
@@ -175,14 +176,18 @@ def make_side(label: str, pool_cls: type, stored_cls: type, collector_cls: type,
     return side
 
 
-def make_driver(seed: int, cand: tuple[str, type, type, type], monkeypatch) -> tuple[Driver, random.Random]:
+def make_driver(
+    seed: int,
+    cand: tuple[str, type, type, type],
+    monkeypatch,
+    repeats: bool = False,
+    ref_cls: Any = RecordingBlockPool,
+) -> tuple[Driver, random.Random]:
     label, pool_cls, stored_cls, collector_cls = cand
     r = random.Random(seed)
     cfg = Config.random(r)
     monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1" if cfg.int_hashes else "0")
-    ref = make_side(
-        "vLLM 0.33.0", RecordingBlockPool, vllm_events.BlockStored, VllmCollector, cfg
-    )
+    ref = make_side("vLLM 0.33.0", ref_cls, vllm_events.BlockStored, VllmCollector, cfg)
     other = make_side(label, pool_cls, stored_cls, collector_cls, cfg)
     driver = Driver(
         cfg,
@@ -192,27 +197,83 @@ def make_driver(seed: int, cand: tuple[str, type, type, type], monkeypatch) -> t
         make_mm=_mm_feature,
         label=f"seed {seed}, {label} vs vLLM 0.33.0",
         check_invariants_on=[label] if label.startswith("kvpool") else [],
+        repeats=repeats,
     )
     return driver, r
 
 
-def run_diff(seed: int, cand: tuple[str, type, type, type], monkeypatch, steps: int = STEPS) -> Driver:
-    driver, r = make_driver(seed, cand, monkeypatch)
-    driver.run(r, steps)
+def run_diff(seed: int, cand: tuple[str, type, type, type], monkeypatch, **kw: Any) -> Driver:
+    driver, r = make_driver(seed, cand, monkeypatch, **kw)
+    driver.run(r, STEPS)
     return driver
+
+
+def check_same(name: str, seed: int, monkeypatch, **kw: Any) -> None:
+    pool_cls, stored_cls, collector_cls = candidate(name, seed)
+    if "wrap" in kw:
+        pool_cls = kw.pop("wrap")(pool_cls)
+    label = name if name == "vllm" else f"kvpool.v0_33 ({name} core)"
+    try:
+        run_diff(seed, (label, pool_cls, stored_cls, collector_cls), monkeypatch, **kw)
+    except Mismatch as exc:
+        pytest.fail(f"{exc}", pytrace=False)
+    except HarnessError as exc:
+        pytest.fail(f"HARNESS BUG (not a kvpool difference): {exc}", pytrace=False)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("name", CANDIDATES)
 def test_same_as_vllm(name: str, seed: int, monkeypatch) -> None:
-    pool_cls, stored_cls, collector_cls = candidate(name, seed)
-    label = name if name == "vllm" else f"kvpool.v0_33 ({name} core)"
-    try:
-        run_diff(seed, (label, pool_cls, stored_cls, collector_cls), monkeypatch)
-    except Mismatch as exc:
-        pytest.fail(f"{exc}", pytrace=False)
-    except HarnessError as exc:
-        pytest.fail(f"HARNESS BUG (not a kvpool difference): {exc}", pytrace=False)
+    check_same(name, seed, monkeypatch)
+
+
+@pytest.mark.parametrize("seed", SEEDS[:12])
+@pytest.mark.parametrize("name", CANDIDATES)
+def test_same_as_vllm_with_repeated_blocks(name: str, seed: int, monkeypatch) -> None:
+    """As above, plus one free_blocks call naming a block twice, each covered
+    by a reference: vLLM 0.33's scheduler frees the retained endpoints of two
+    copy-on-writes from one source block that way."""
+    check_same(name, seed, monkeypatch, repeats=True)
+
+
+class RecordingSharedQueue(SharedEventQueueBlockPool, RecordingBlockPool):
+    """vLLM's HiSparse host pool (its event queue is a property reading the
+    owner's), recording like the reference; the owner's queue is never
+    cleared by the pool, so the recorded places stay valid."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, event_owner=SimpleNamespace(kv_event_queue=[]), **kwargs)
+
+    def segments(self, clear: bool) -> list[tuple[int, int]]:
+        return super().segments(clear=False)
+
+
+def shared_queue_class(base: type) -> type:
+    """The same subclass over another pool class (the body of vLLM 0.33's
+    vllm/v1/hisparse/block_pool.py)."""
+
+    class SharedQueue(base):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self._event_owner = SimpleNamespace(kv_event_queue=[])
+            super().__init__(*args, **kwargs)
+
+        @property
+        def kv_event_queue(self) -> list:
+            return self._event_owner.kv_event_queue
+
+        @kv_event_queue.setter
+        def kv_event_queue(self, events: list) -> None:
+            assert not events
+
+    return SharedQueue
+
+
+@pytest.mark.parametrize("seed", SEEDS[:8])
+@pytest.mark.parametrize("name", CANDIDATES)
+def test_same_as_vllm_with_event_queue_property(name: str, seed: int, monkeypatch) -> None:
+    """A Python subclass turns kv_event_queue into a property (vLLM 0.33's
+    SharedEventQueueBlockPool): every event must go through it."""
+    check_same(name, seed, monkeypatch, wrap=shared_queue_class, ref_cls=RecordingSharedQueue)
 
 
 def test_workload_covers_every_operation(monkeypatch) -> None:
@@ -223,7 +284,7 @@ def test_workload_covers_every_operation(monkeypatch) -> None:
     configs = []
     for seed in SEEDS:
         cand = ("vllm", vllm_block_pool.BlockPool, vllm_events.BlockStored, VllmCollector)
-        driver = run_diff(seed, cand, monkeypatch)
+        driver = run_diff(seed, cand, monkeypatch, repeats=True)
         ops.update(driver.counts)
         seen.update(driver.sides[0].pool.seen)
         configs.append(driver.cfg)
