@@ -187,6 +187,7 @@ class Family:
     lora: Any
     cache_salt: str | None
     mm: list[tuple[str, int, int]]
+    embeds: bool = False  # prompt embeddings (their digests are extra keys)
 
 
 @dataclass
@@ -282,12 +283,13 @@ def pool_state(pool: Any, collector: Any = None) -> dict[str, Any]:
             _id(tail.next_free_block),
         ),
         "num_free": (queue.num_free_blocks, pool.get_num_free_blocks()),
-        "usage": pool.get_usage(),
+        "usage": (pool.get_usage(), type(pool.get_usage()).__name__),
         "map": _map_state(pool),
         "hashes_by_block": {
             bid: sorted(keys) for bid, keys in pool.cached_block_hashes_by_block.items()
         },
         "writable": [pool.is_block_writable(b) for b in blocks],
+        "reprs": [repr(b) for b in blocks],
         "event_queue_len": len(pool.kv_event_queue),
     }
     if collector is not None:
@@ -429,6 +431,7 @@ class Driver:
         hasher: Callable[[FakeRequest], list[bytes]],
         make_lora: Callable[[str, int, str], Any] = FakeLoRARequest,
         make_mm: Callable[[str, int, int], Any] = fake_mm_feature,
+        make_embeds: Callable[[list[int]], Any] | None = None,
         label: str = "",
         check_invariants_on: Sequence[str] = (),
         repeats: bool = False,
@@ -438,6 +441,7 @@ class Driver:
         self.hasher = hasher
         self.make_lora = make_lora
         self.make_mm = make_mm
+        self.make_embeds = make_embeds
         self.label = label
         self.check_invariants_on = set(check_invariants_on)
         # Whether one free_blocks call may name a block twice (each covered
@@ -592,7 +596,7 @@ class Driver:
         """get_new_blocks(k) everywhere (ValueError everywhere if too many)."""
         self.note(f"get_new_blocks({k}){where}")
         return self.each(
-            f"get_new_blocks({k})", lambda s: s.pool.get_new_blocks(k), _ids, may_raise=True
+            f"get_new_blocks({k})", lambda s: own(s, s.pool.get_new_blocks(k)), _ids, may_raise=True
         )
 
     def free_call(self, ids: list[int], *, iterator: bool, via_foreign: bool = False) -> None:
@@ -636,6 +640,8 @@ class Driver:
                     key,
                     pool.get_num_free_blocks(),
                     key is not None and pool.cached_block_hash_to_block.contain(key, block.block_id),
+                    sorted(pool.cached_block_hashes_by_block.get(block.block_id, ())),
+                    len(pool.kv_event_queue),
                 )
             )
 
@@ -656,6 +662,7 @@ class Driver:
             lora=r.choice(self.loras) if r.random() < 0.25 else None,
             cache_salt=r.choice(("salt-a", "salt-b")) if r.random() < 0.2 else None,
             mm=mm,
+            embeds=self.make_embeds is not None and r.random() < 0.15,
         )
 
     def _build_request(self, r: Any) -> FakeRequest:
@@ -680,6 +687,8 @@ class Driver:
             [self.make_mm(*m) for m in mm],
             r.choice((None, None, "session-1", "session-2")),
         )
+        if fam.embeds:
+            req.prompt_embeds = self.make_embeds(prompt)
         req.block_hashes = list(self.hasher(req))
         return req
 
@@ -696,7 +705,7 @@ class Driver:
             h = view[i]
             got = self.each(
                 f"get_cached_block(hash #{i} of {req.request_id}, {gids})",
-                lambda s: s.pool.get_cached_block(h, list(gids)),
+                lambda s: own(s, s.pool.get_cached_block(h, list(gids))),
                 _ids,
             )
             if got is None or any(b in hit for b, hit in zip(got, hits)):
@@ -989,7 +998,7 @@ class Driver:
         sources = [q.fake for q in self.requests] + [self._build_request(r)]
         req = r.choice(sources)
         bs = r.choice(list(cfg.classes))
-        gid_lists = [cfg.classes[bs], [], [r.randrange(len(cfg.group_block_sizes))]]
+        gid_lists = [cfg.classes[bs], [], [r.randrange(len(cfg.group_block_sizes))], [7]]
         gids = r.choice(gid_lists + [list(reversed(cfg.classes[bs]))])
         fine = r.random() < 0.3  # the fine-grained probe: every sub-hash
         hashes = req.block_hashes if fine else self._view(req, bs)
@@ -997,7 +1006,7 @@ class Driver:
         for i, h in enumerate(hashes):
             self.each(
                 f"get_cached_block(hash #{i}, {gids})",
-                lambda s: s.pool.get_cached_block(h, list(gids)),
+                lambda s: own(s, s.pool.get_cached_block(h, list(gids))),
                 _ids,
             )
         # The map's own interface, for keys of blocks and unknown keys.
@@ -1006,7 +1015,7 @@ class Driver:
         for key in keys[:8]:
             self.each(
                 "cached_block_hash_to_block.get_one_block",
-                lambda s: s.pool.cached_block_hash_to_block.get_one_block(key),
+                lambda s: own(s, s.pool.cached_block_hash_to_block.get_one_block(key)),
                 _id,
             )
             i = r.randrange(cfg.num_blocks)
@@ -1022,6 +1031,8 @@ class Driver:
         if len(self.holders) >= MAX_HOLDERS:
             return False
         cands = [i for i in self.hashed_ids() if i != 0]
+        if r.random() < 0.2:
+            cands = self.free_ids()  # a free block without a hash is taken too
         if not cands:
             return False
         ids = r.sample(cands, r.randint(1, min(3, len(cands))))
@@ -1079,18 +1090,21 @@ class Driver:
         cands = self.running_ids()
         if not cands or not self.ref.get_num_free_blocks():
             return False
-        hashed = [i for i in cands if self.ref_block(i).block_hash is not None]
-        src = r.choice(hashed) if hashed and r.random() < 0.8 else r.choice(cands)
         [dst] = self.new_blocks(1, " [copy-on-write target]")
         d = self.ref_block(dst)
         if d.block_hash is not None or dst in self.ref.cached_block_hashes_by_block:
             raise HarnessError(f"a fresh block carries a hash\n{self.context()}")
+        hashed = [i for i in cands if self.ref_block(i).block_hash is not None]
+        src = r.choice(hashed) if hashed and r.random() < 0.8 else r.choice(cands)
+        free_hashed = [i for i in self.free_ids() if self.ref_block(i).block_hash is not None]
+        if free_hashed and r.random() < 0.15:
+            src = r.choice(free_hashed)  # an eviction candidate's keys move too
         self.note(f"move_block_hashes(block {src}, block {dst})")
         self.each(
             f"move_block_hashes({src}, {dst})",
             lambda s: s.pool.move_block_hashes(s.pool.blocks[src], s.pool.blocks[dst]),
         )
-        if r.random() < 0.5:
+        if r.random() < 0.5 and self.ref_block(src).ref_cnt > 0:
             # The copy-on-write source keeps an extra reference until the copy ran.
             self.each(f"blocks[{src}].ref_cnt += 1", lambda s: _bump(s.pool.blocks[src]))
             self.note(f"blocks[{src}].ref_cnt += 1")
@@ -1153,7 +1167,8 @@ class Driver:
 
         def walk(s: Side) -> list[int]:
             c = None if cursor is None else s.pool.blocks[cursor]
-            return [b.block_id for b in itertools.islice(s.pool.free_block_queue.iter_blocks_after(c), k)]
+            walked = list(itertools.islice(s.pool.free_block_queue.iter_blocks_after(c), k))
+            return [b.block_id for b in own(s, walked)]
 
         self.each(f"iter_blocks_after({cursor})", walk)
         return True
@@ -1166,11 +1181,11 @@ class Driver:
         kind = r.choice(("popleft", "popleft_n", "remove"))
         if kind == "popleft":
             self.note("free_block_queue.popleft()")
-            ids = [self.each("popleft()", lambda s: s.pool.free_block_queue.popleft(), _id)]
+            ids = [self.each("popleft()", lambda s: own(s, s.pool.free_block_queue.popleft()), _id)]
         elif kind == "popleft_n":
             k = r.randint(0, len(free))
             self.note(f"free_block_queue.popleft_n({k})")
-            ids = self.each(f"popleft_n({k})", lambda s: s.pool.free_block_queue.popleft_n(k), _ids)
+            ids = self.each(f"popleft_n({k})", lambda s: own(s, s.pool.free_block_queue.popleft_n(k)), _ids)
         else:
             i = r.choice(free)
             self.note(f"free_block_queue.remove(block {i})")
@@ -1226,6 +1241,8 @@ class Driver:
                 mixed.insert(r.randint(0, len(mixed)), i)
         if r.random() < 0.2:
             mixed.insert(r.randint(0, len(mixed)), 0)
+        if r.random() < 0.2:
+            mixed.insert(r.randint(0, len(mixed)), ("f", 0))  # the other pool's null block
         self.free_call(mixed, iterator=r.random() < 0.5, via_foreign=r.random() < 0.3)
         return True
 
@@ -1285,6 +1302,17 @@ class _Raised(Exception):
     """Every side raised the same exception type (an expected refusal)."""
 
 
+def own(side: Side, result: Any) -> Any:
+    """``result`` (a block, a list of blocks or None), after checking that
+    each block is the very object in ``side.pool.blocks`` (vLLM's callers
+    compare blocks with ``is``)."""
+    blocks = [] if result is None else [result] if hasattr(result, "block_id") else result
+    for b in blocks:
+        if b is not side.pool.blocks[b.block_id]:
+            raise TypeError(f"{b!r} is not the pool's own block object {b.block_id}")
+    return result
+
+
 def _bump(block: Any) -> None:
     block.ref_cnt += 1
 
@@ -1340,7 +1368,8 @@ def _state_diff(want: dict[str, Any], have: dict[str, Any]) -> str:
         elif key == "watchers":
             lines.append(
                 "  reuse-watcher calls (watcher, block, ref_cnt, block_hash, free blocks, "
-                f"key in map): expected {len(a)}, got {len(b)}"
+                "key in map, secondary keys, queued events): "
+                f"expected {len(a)}, got {len(b)}"
             )
             for i, (x, y) in enumerate(itertools.zip_longest(a, b)):
                 if x != y:

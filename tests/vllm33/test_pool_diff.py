@@ -78,6 +78,13 @@ def _mm_feature(identifier: str, offset: int, length: int) -> Any:
     return SimpleNamespace(identifier=identifier, mm_position=position)
 
 
+def _embeds(prompt: list[int]) -> Any:
+    """Prompt embeddings (a function of the tokens, so equal prefixes still hit)."""
+    import torch
+
+    return torch.tensor(prompt, dtype=torch.float32).unsqueeze(1).repeat(1, 4)
+
+
 def _lora(name: str, int_id: int, path: str) -> LoRARequest:
     return LoRARequest(lora_name=name, lora_int_id=int_id, lora_path=path)
 
@@ -112,8 +119,8 @@ class RecordingBlockPool(vllm_block_pool.BlockPool):
                 self.seen["promotion candidate"] += 1
         if kw.get("block_mask") is not None:
             self.seen["block_mask"] += 1
-        for attr in ("lora_request", "cache_salt", "mm_features", "session_id"):
-            if getattr(request, attr):
+        for attr in ("lora_request", "cache_salt", "mm_features", "session_id", "prompt_embeds"):
+            if getattr(request, attr) is not None and getattr(request, attr) != []:
                 self.seen[attr] += 1
         if self.num_hash_lookahead_tokens and self.enable_kv_cache_events:
             self.seen["lookahead events"] += 1
@@ -195,6 +202,7 @@ def make_driver(
         hasher=kv_cache_utils.get_request_block_hasher(cfg.hash_block_size, sha256, cfg.lookahead),
         make_lora=_lora,
         make_mm=_mm_feature,
+        make_embeds=_embeds,
         label=f"seed {seed}, {label} vs vLLM 0.33.0",
         check_invariants_on=[label] if label.startswith("kvpool") else [],
         repeats=repeats,
@@ -304,6 +312,7 @@ def test_workload_covers_every_operation(monkeypatch) -> None:
         "cache_salt",
         "mm_features",
         "session_id",
+        "prompt_embeds",
         "lookahead events",
     ):
         assert seen[what], f"never exercised: {what} ({seen})"
@@ -565,3 +574,41 @@ def test_standalone_block_like_vllm(core_name: str) -> None:
         want.reset_hash()
         want.set_block_hash(key)
         assert fields(got) == fields(want)
+
+
+def test_hash_map_like_vllm() -> None:
+    """BlockHashToBlockMap on its own (the default core's), with standalone
+    blocks: insert, pop (also of an id the key does not hold), contain,
+    get_one_block, len and the ``_cache`` snapshot."""
+    v33 = _kvpool_v0_33()
+    r = random.Random(11)
+    for _ in range(20):
+        got_map, want_map = v33.BlockHashToBlockMap(), vllm_block_pool.BlockHashToBlockMap()
+        got_blocks = [v33.KVCacheBlock(i) for i in range(6)]
+        want_blocks = [kv_cache_utils.KVCacheBlock(i) for i in range(6)]
+        keys = [bytes([k]) * 8 + (k % 2).to_bytes(4, "big") for k in range(4)]
+        for step in range(150):
+            op, key, i = r.choice(("insert", "insert", "pop", "contain", "get")), r.choice(keys), r.randrange(6)
+            if op == "insert":
+                got, want = got_map.insert(key, got_blocks[i]), want_map.insert(key, want_blocks[i])
+            elif op == "pop":
+                got, want = _id(got_map.pop(key, i)), _id(want_map.pop(key, i))
+            elif op == "contain":
+                got, want = got_map.contain(key, i), want_map.contain(key, i)
+            else:
+                got, want = _id(got_map.get_one_block(key)), _id(want_map.get_one_block(key))
+            assert got == want, (step, op, key, i)
+            assert len(got_map) == len(want_map)
+            snapshot = {
+                k: sorted(v) if isinstance(v, dict) else [v.block_id] for k, v in got_map._cache.items()
+            }
+            expected = {
+                k: sorted(v) if isinstance(v, dict) else [v.block_id] for k, v in want_map._cache.items()
+            }
+            assert snapshot == expected, (step, op)
+            for k in keys:
+                assert _id(got_map.get_one_block(k)) == _id(want_map.get_one_block(k)), (step, k)
+
+
+def _id(block: Any) -> int | None:
+    return None if block is None else block.block_id
