@@ -11,7 +11,6 @@ fails the tests that need it.
 
 from __future__ import annotations
 
-import logging
 import os
 
 import pytest
@@ -47,10 +46,3 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_sessionstart(session: pytest.Session) -> None:
     if VLLM_MISSING and STRICT:
         raise pytest.UsageError(f"KVPOOL_VLLM_STRICT=1 but {VLLM_MISSING}")
-
-
-@pytest.fixture(autouse=True)
-def _quiet_pools() -> None:
-    # Refused resets log a warning per call; keep the output readable.
-    for name in ("vllm.v1.core.block_pool", "kvpool"):
-        logging.getLogger(name).setLevel(logging.ERROR)
