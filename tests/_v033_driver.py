@@ -67,6 +67,7 @@ class Config:
     medium: str
     int_hashes: bool  # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES
     foreign_blocks: int  # size of the other pool of cross-pool frees
+    positional: bool = False  # constructor arguments by position, not keyword
 
     @classmethod
     def random(cls, r: Any) -> Config:
@@ -91,12 +92,13 @@ class Config:
             medium=r.choice(MEDIUMS) if r.random() < 0.5 else "GPU",
             int_hashes=r.random() < 0.75,
             foreign_blocks=r.randint(2, 8),
+            positional=r.random() < 0.2,
         )
 
     def pool_args(self, collector: Any) -> tuple[tuple, dict]:
-        """Positional and keyword constructor arguments, as vLLM's
-        ``KVCacheCoordinator`` passes them (keywords), with the medium only
-        when it is not the default."""
+        """Positional and keyword constructor arguments: as vLLM's
+        ``KVCacheCoordinator`` passes them (keywords, the medium only when it
+        is not the default), or all seven by position."""
         kwargs: dict[str, Any] = dict(
             num_gpu_blocks=self.num_blocks,
             enable_caching=self.enable_caching,
@@ -105,6 +107,8 @@ class Config:
             metrics_collector=collector,
             num_hash_lookahead_tokens=self.lookahead,
         )
+        if self.positional:
+            return (*kwargs.values(), self.medium), {}
         if self.medium != "GPU":
             kwargs["medium"] = self.medium
         return (), kwargs
@@ -616,7 +620,9 @@ class Driver:
         def call(side: Side) -> None:
             blocks = resolve(side)
             pool = side.foreign if via_foreign else side.pool
-            pool.free_blocks(iter(blocks) if iterator else blocks)
+            # vLLM frees a request's blocks as ``reversed(table)``: a one-shot
+            # list_reverseiterator.
+            pool.free_blocks(reversed(blocks[::-1]) if iterator else blocks)
 
         self.each(shown, call)
 
