@@ -62,11 +62,8 @@ SEEDS = range(int(os.environ.get("KVPOOL_DIFF33_SEEDS", "48")))
 STEPS = int(os.environ.get("KVPOOL_DIFF33_STEPS", "250"))
 
 CORE_MODULES = {"c-extension": "kvpool._core", "pure-python": "kvpool._core_py"}
-CANDIDATES = [
-    pytest.param("c-extension", marks=pytest.mark.c_extension),
-    "pure-python",
-    "vllm",
-]
+CORES = [pytest.param("c-extension", marks=pytest.mark.c_extension), "pure-python"]
+CANDIDATES = [*CORES, "vllm"]
 
 
 def _mm_feature(identifier: str, offset: int, length: int) -> Any:
@@ -547,7 +544,7 @@ def test_event_structs_encode_like_vllm(int_hashes: str, monkeypatch) -> None:
     )
 
 
-@pytest.mark.parametrize("core_name", [pytest.param("c-extension", marks=pytest.mark.c_extension), "pure-python"])
+@pytest.mark.parametrize("core_name", CORES)
 def test_standalone_block_like_vllm(core_name: str) -> None:
     """A block built outside a pool, as vLLM 0.33's connectors build them."""
     core = importlib.import_module(CORE_MODULES[core_name])
@@ -584,15 +581,17 @@ def test_standalone_block_like_vllm(core_name: str) -> None:
         assert fields(got) == fields(want)
 
 
-def test_hash_map_like_vllm() -> None:
-    """BlockHashToBlockMap on its own (the default core's), with standalone
-    blocks: insert, pop (also of an id the key does not hold), contain,
-    get_one_block, len and the ``_cache`` snapshot."""
-    v33 = _kvpool_v0_33()
+@pytest.mark.parametrize("core_name", CORES)
+def test_hash_map_like_vllm(core_name: str) -> None:
+    """BlockHashToBlockMap on its own, with standalone blocks: insert, pop
+    (also of an id the key does not hold), contain, get_one_block, len and
+    the ``_cache`` snapshot."""
+    _kvpool_v0_33()  # the 0.33 line must exist
+    core = importlib.import_module(CORE_MODULES[core_name])
     r = random.Random(11)
     for _ in range(20):
-        got_map, want_map = v33.BlockHashToBlockMap(), vllm_block_pool.BlockHashToBlockMap()
-        got_blocks = [v33.KVCacheBlock(i) for i in range(6)]
+        got_map, want_map = core.BlockHashToBlockMap(), vllm_block_pool.BlockHashToBlockMap()
+        got_blocks = [core.KVCacheBlock33(i) for i in range(6)]
         want_blocks = [kv_cache_utils.KVCacheBlock(i) for i in range(6)]
         keys = [bytes([k]) * 8 + (k % 2).to_bytes(4, "big") for k in range(4)]
         for step in range(150):
