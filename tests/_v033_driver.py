@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -63,6 +64,7 @@ class Config:
     sliding: tuple[bool, ...]  # per group: sliding window (null blocks in tables)
     events: bool
     metrics: bool
+    sample_rate: float  # of the metrics collector (it samples with the global RNG)
     lookahead: int  # num_hash_lookahead_tokens
     medium: str
     int_hashes: bool  # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES
@@ -88,6 +90,7 @@ class Config:
             sliding=tuple(r.random() < 0.3 for _ in sizes),
             events=r.random() < 0.8,
             metrics=r.random() < 0.6,
+            sample_rate=r.choice((1.0, 1.0, 0.5)),
             lookahead=r.choice((0, 0, 0, 1, 3)),
             medium=r.choice(MEDIUMS) if r.random() < 0.5 else "GPU",
             int_hashes=r.random() < 0.75,
@@ -455,6 +458,7 @@ class Driver:
         self.op = ""
         self.history: list[str] = []
         self.counts: collections.Counter[str] = collections.Counter()  # operations applied
+        self.calls = 0
         self.requests: list[Req] = []
         self.families: list[Family] = []
         self.holders: list[list[int]] = []  # extra references on own blocks
@@ -495,7 +499,12 @@ class Driver:
         expected refusal, raised on as ``_Raised``). Returns the reference's
         value."""
         outcomes = []
+        self.calls += 1
         for side in self.sides:
+            # The same global RNG state for every side: a collector with
+            # sample_rate < 1 then samples the same blocks iff the pool calls
+            # it the same way.
+            random.seed(self.calls)
             try:
                 outcomes.append(("ok", norm(fn(side))))
             except Exception as exc:  # noqa: BLE001 - compared below

@@ -110,7 +110,9 @@ class PoolMachine33(RuleBasedStateMachine):
         for i, core in enumerate(self.cores):
             # The other pool of cross-pool frees is built over the other core.
             other_core = self.cores[(i + 1) % len(self.cores)]
-            collector = v33.KVCacheMetricsCollector(sample_rate=1.0) if cfg.metrics else None
+            collector = (
+                v33.KVCacheMetricsCollector(sample_rate=cfg.sample_rate) if cfg.metrics else None
+            )
             args, kwargs = cfg.pool_args(collector)
             pool = pool_class(core)(*args, **kwargs)
             foreign = pool_class(other_core)(cfg.foreign_blocks, True, cfg.hash_block_size)

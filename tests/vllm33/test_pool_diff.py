@@ -178,7 +178,7 @@ def candidate(name: str, seed: int) -> tuple[type, type, type]:
 
 
 def make_side(label: str, pool_cls: type, stored_cls: type, collector_cls: type, cfg: Config) -> Side:
-    collector = collector_cls(sample_rate=1.0) if cfg.metrics else None
+    collector = collector_cls(sample_rate=cfg.sample_rate) if cfg.metrics else None
     args, kwargs = cfg.pool_args(collector)
     pool = pool_cls(*args, **kwargs)
     foreign = vllm_block_pool.BlockPool(cfg.foreign_blocks, True, cfg.hash_block_size)
