@@ -802,7 +802,7 @@ class Driver:
         hashed = len(q.fake.block_hashes) * self.cfg.hash_block_size
         return min(q.alloc_tokens, hashed) // bs
 
-    def _cache_more(self, q: Req, g: int, r: Any) -> bool:
+    def _cache_more(self, q: Req, g: int, r: Any, upto: int | None = None) -> bool:
         if not self.cfg.enable_caching and r.random() < 0.8:
             return False
         start = q.num_cached[g]
@@ -819,7 +819,7 @@ class Driver:
                 )
                 return True
             return False
-        stop = min(num_full, start + r.randint(1, 3))
+        stop = min(num_full, start + r.randint(1, 3) if upto is None else upto)
         bs = self.cfg.group_block_sizes[g]
         mask = None
         if r.random() < 0.3 or self.cfg.sliding[g] and r.random() < 0.5:
@@ -890,6 +890,10 @@ class Driver:
         else:
             fn = lambda s: s.pool.cache_partial_block(fake, s.pool.blocks[bid], num_tokens, g, bs)  # noqa: E731
         self.each(shown, fn)
+        j = num_tokens // bs
+        if j >= q.num_cached[g] and j < self._num_full(q, g) and r.random() < 0.5:
+            # The block fills up and is cached in full: a partial->full promotion.
+            self._cache_more(q, g, r, upto=j + 1)
         return True
 
     def _release_request(self, q: Req, r: Any, unpin: bool) -> None:
