@@ -292,12 +292,16 @@ def pool_state(pool: Any, collector: Any = None) -> dict[str, Any]:
         "num_free": (queue.num_free_blocks, pool.get_num_free_blocks()),
         "usage": (pool.get_usage(), type(pool.get_usage()).__name__),
         "map": _map_state(pool),
-        "hashes_by_block": {
-            bid: sorted(keys) for bid, keys in pool.cached_block_hashes_by_block.items()
-        },
+        "hashes_by_block": (
+            type(pool.cached_block_hashes_by_block).__name__,
+            {
+                bid: (type(keys).__name__, sorted(keys))
+                for bid, keys in pool.cached_block_hashes_by_block.items()
+            },
+        ),
         "writable": [pool.is_block_writable(b) for b in blocks],
         "reprs": [repr(b) for b in blocks],
-        "event_queue_len": len(pool.kv_event_queue),
+        "event_queue": (type(pool.kv_event_queue).__name__, len(pool.kv_event_queue)),
     }
     if collector is not None:
         state["metrics"] = (
