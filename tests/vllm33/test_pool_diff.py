@@ -38,6 +38,9 @@ import msgspec
 import pytest
 
 try:
+    # Not just ``import vllm``: a checkout's tests/vllm directory on sys.path
+    # would satisfy that as an empty namespace package.
+    import vllm.v1.core.block_pool  # noqa: F401
     from vllm import __version__ as _vllm_version
 except ImportError as exc:
     pytest.skip(f"vLLM 0.33.x is not importable here ({exc})", allow_module_level=True)
