@@ -1,0 +1,22 @@
+from collections.abc import Callable
+from typing import Any
+
+ALGORITHMS: tuple[str, str, str, str]
+ALGORITHM_CODES: dict[str, int]
+SHA256_BACKEND: str
+
+def select_sha256_backend(name: str) -> str: ...
+def serialize(obj: Any, algorithm: str | int = "sha256") -> bytes | None: ...
+def digest(data: Any, algorithm: str | int = "sha256") -> bytes: ...
+def hash_object(
+    obj: Any, algorithm: str | int, fallback: Callable[[Any], bytes]
+) -> bytes: ...
+def hash_blocks(
+    algorithm: str | int,
+    parent: bytes,
+    token_ids: list[int],
+    block_size: int,
+    num_blocks: int,
+    extra_keys: list[Any] | None,
+    fallback: Callable[[Any], bytes],
+) -> list[bytes]: ...
