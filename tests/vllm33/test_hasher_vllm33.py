@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-vllm = pytest.importorskip("vllm.v1.core.kv_cache_utils").__name__ and __import__("vllm")
+pytest.importorskip("vllm.v1.core.kv_cache_utils")
+import vllm  # noqa: E402
+
 if not vllm.__version__.startswith("0.33."):
     pytest.skip(f"vLLM {vllm.__version__} is not of the 0.33 line", allow_module_level=True)
 
