@@ -19,4 +19,23 @@ def hash_blocks(
     num_blocks: int,
     extra_keys: list[Any] | None,
     fallback: Callable[[Any], bytes],
+    start: int = 0,
 ) -> list[bytes]: ...
+
+class RequestBlockHasher:
+    algorithm: int
+    block_size: int
+    lookahead: int
+    kvpool: bool
+    def __init__(
+        self,
+        algorithm: str | int,
+        block_size: int,
+        lookahead: int,
+        none_hash_holder: Any,
+        token_list_type: type | None,
+        extra_keys: Callable[[Any, int, int], list[Any] | None],
+        fallback: Callable[[Any], bytes],
+        vllm_hasher: Callable[[Any], list[bytes]],
+    ) -> None: ...
+    def __call__(self, request: Any) -> list[bytes]: ...

@@ -189,28 +189,34 @@ def hash_object(obj, algorithm, fallback):
 
 
 def hash_blocks(algorithm, object parent, list token_ids, Py_ssize_t block_size,
-                Py_ssize_t num_blocks, list extra_keys, fallback):
+                Py_ssize_t num_blocks, list extra_keys, fallback, Py_ssize_t start=0):
     """The chained hashes of ``num_blocks`` blocks of ``block_size`` tokens
-    from the start of ``token_ids``: block ``i`` is
+    of ``token_ids`` from index ``start``: block ``i`` is
     ``hash_fn((prev, tuple(block_i_tokens), extra_keys[i]))`` with ``prev``
     the previous block's hash, ``parent`` for the first (the caller resolves
     vLLM's ``None -> NONE_HASH``). ``extra_keys`` is ``None`` (no extra keys)
     or a list with one entry (a tuple or ``None``) per block. A block the C
     serialiser cannot reproduce is hashed by ``fallback(tuple)``, whose
     result continues the chain."""
-    cdef int algo = _code(algorithm)
-    cdef Py_ssize_t i, dsize = kvh_digest_size(algo)
+    return _hash_blocks(_code(algorithm), parent, token_ids, start, block_size,
+                        num_blocks, extra_keys, fallback)
+
+
+cdef list _hash_blocks(int algo, object parent, list token_ids, Py_ssize_t start,
+                       Py_ssize_t block_size, Py_ssize_t num_blocks, list extra_keys,
+                       object fallback):
+    cdef Py_ssize_t i, first, dsize = kvh_digest_size(algo)
     cdef int r, use_c
     cdef PyObject **items
     cdef kvh_writer w
     cdef object extra = None
     cdef object out
-    if block_size < 1 or num_blocks < 0:
-        raise ValueError("block_size must be >= 1 and num_blocks >= 0")
-    if PyList_GET_SIZE(token_ids) < num_blocks * block_size:
+    if block_size < 1 or num_blocks < 0 or start < 0:
+        raise ValueError("block_size must be >= 1, num_blocks and start >= 0")
+    if PyList_GET_SIZE(token_ids) - start < num_blocks * block_size:
         raise ValueError(
-            f"token_ids holds {PyList_GET_SIZE(token_ids)} tokens, fewer than "
-            f"{num_blocks} blocks of {block_size}"
+            f"token_ids holds {PyList_GET_SIZE(token_ids) - start} tokens from "
+            f"{start}, fewer than {num_blocks} blocks of {block_size}"
         )
     if extra_keys is not None and PyList_GET_SIZE(extra_keys) < num_blocks:
         raise ValueError("extra_keys must have one entry per block")
@@ -221,22 +227,101 @@ def hash_blocks(algorithm, object parent, list token_ids, Py_ssize_t block_size,
         for i in range(num_blocks):
             if extra_keys is not None:
                 extra = extra_keys[i]
+            first = start + i * block_size
             r = KVH_UNSUPPORTED
             if use_c:
                 # Fetched per block: a fallback runs Python code.
                 items = PySequence_Fast_ITEMS(token_ids)
-                r = kvh_serialize_block(&w, algo, parent, items + i * block_size,
-                                        block_size, extra)
+                r = kvh_serialize_block(&w, algo, parent, items + first, block_size, extra)
             if r == KVH_OK:
                 out = PyBytes_FromStringAndSize(NULL, dsize)
                 kvh_digest(algo, w.data, w.len,
                            <unsigned char *>PyBytes_AS_STRING(out))
             else:
-                start = i * block_size
-                out = fallback((parent, tuple(token_ids[start:start + block_size]), extra))
+                out = fallback((parent, tuple(token_ids[first:first + block_size]), extra))
             Py_INCREF(out)
             PyList_SET_ITEM(result, i, out)
             parent = out
     finally:
         kvh_writer_free(&w)
     return result
+
+
+cdef class RequestBlockHasher:
+    """vLLM's ``request_block_hasher(request)`` (what its
+    ``get_request_block_hasher`` returns), for one of vLLM's four hash
+    functions: the hashes of the request's new full blocks, computed in one
+    call. Built by ``kvpool.vllm_hasher``; reads of a request only what
+    vLLM's hasher reads.
+
+    ``none_hash_holder.NONE_HASH`` is read at call time (vLLM's
+    ``kv_cache_utils`` module). ``extra_keys(request, start, num_blocks)`` is
+    called only for a request that has extra inputs (LoRA, cache salt,
+    multimodal, prompt embeds) or with lookahead; it returns one extra-key
+    entry per new block, or ``None`` to hand the request to
+    ``vllm_hasher(request)``. A ``token_list_type`` object (vLLM's read-only
+    ``ConstantList``) is read through its ``_x`` list, without a copy.
+    """
+
+    cdef readonly int algorithm
+    cdef readonly Py_ssize_t block_size
+    cdef readonly Py_ssize_t lookahead
+    cdef object none_hash_holder
+    cdef object token_list_type
+    cdef object extra_keys
+    cdef object fallback
+    cdef object vllm_hasher
+
+    def __init__(self, algorithm, Py_ssize_t block_size, Py_ssize_t lookahead,
+                 none_hash_holder, token_list_type, extra_keys, fallback, vllm_hasher):
+        if block_size < 1 or lookahead < 0:
+            raise ValueError("block_size must be >= 1 and lookahead >= 0")
+        self.algorithm = _code(algorithm)
+        self.block_size = block_size
+        self.lookahead = lookahead
+        self.none_hash_holder = none_hash_holder
+        self.token_list_type = token_list_type
+        self.extra_keys = extra_keys
+        self.fallback = fallback
+        self.vllm_hasher = vllm_hasher
+
+    @property
+    def kvpool(self):
+        """Marks kvpool's hasher (vLLM's is a plain function)."""
+        return True
+
+    def __call__(self, request):
+        cdef Py_ssize_t start, num_tokens, num_blocks
+        cdef Py_ssize_t block_size = self.block_size
+        cdef Py_ssize_t num_hashed
+        cdef list extra = None
+        block_hashes = request.block_hashes
+        num_hashed = len(block_hashes)
+        start = num_hashed * block_size
+        num_tokens = request.num_tokens - self.lookahead
+        if start + block_size > num_tokens:
+            return []
+        num_blocks = (num_tokens - start) // block_size
+        # (wraparound is off in this module: no negative index)
+        parent = block_hashes[num_hashed - 1] if num_hashed else None
+        if not parent:
+            parent = self.none_hash_holder.NONE_HASH
+        if (
+            self.lookahead
+            or request.lora_request
+            or request.cache_salt
+            or request.mm_features
+            or request.prompt_embeds is not None
+        ):
+            keys = self.extra_keys(request, start, num_blocks)
+            if keys is None:
+                return self.vllm_hasher(request)
+            extra = keys
+        tokens = request.all_token_ids
+        if type(tokens) is self.token_list_type:
+            tokens = tokens._x
+        if type(tokens) is not list:
+            tokens = list(tokens[start:start + num_blocks * block_size])
+            start = 0
+        return _hash_blocks(self.algorithm, parent, tokens, start, block_size,
+                            num_blocks, extra, self.fallback)

@@ -252,14 +252,62 @@ static int kvh_pickle_sized(kvh_writer *w, unsigned char op1, unsigned char op4,
 
 static int kvh_pickle_save(kvh_writer *w, PyObject *obj);
 
+/* The value of an exact int that CPython stores in a single digit (|v| <
+ * 2**30: every token id), read without a call; 0 for any other int. */
+static inline int kvh_compact_int(PyObject *obj, long long *v) {
+#if PY_VERSION_HEX >= 0x030C0000
+    if (!PyUnstable_Long_IsCompact((PyLongObject *)obj)) return 0;
+    *v = (long long)PyUnstable_Long_CompactValue((PyLongObject *)obj);
+    return 1;
+#else
+    Py_ssize_t size = Py_SIZE(obj);
+    if (size < -1 || size > 1) return 0;
+    *v = size * (long long)((PyLongObject *)obj)->ob_digit[0];
+    return 1;
+#endif
+}
+
+/* The common case of a tuple element, token ids: an exact int that fits a
+ * BININT* opcode, written in place while the current frame is open, below
+ * its 64 KiB boundary, and the buffer has room (the caller reserved it).
+ * Returns 0 when it wrote nothing: the item then takes kvh_pickle_save. */
+static int kvh_pickle_small_int(kvh_writer *w, PyObject *obj) {
+    long long v;
+    if (!PyLong_CheckExact(obj) || w->frame_start == -1 || !w->framing ||
+        w->cap - w->len < 5 ||
+        w->len - w->frame_start - KVH_FRAME_HEADER >= KVH_FRAME_TARGET ||
+        !kvh_compact_int(obj, &v))
+        return 0;
+    uint32_t u = (uint32_t)(int32_t)v;
+    unsigned char *p = w->data + w->len;
+    if (u <= 0xff) {
+        p[0] = 'K';
+        p[1] = (unsigned char)u;
+        w->len += 2;
+    } else if (u <= 0xffff) {
+        p[0] = 'M';
+        p[1] = (unsigned char)u;
+        p[2] = (unsigned char)(u >> 8);
+        w->len += 3;
+    } else {
+        p[0] = 'J';
+        kvh_put_le(p + 1, u, 4);
+        w->len += 5;
+    }
+    return 1;
+}
+
 static int kvh_pickle_items(kvh_writer *w, PyObject *const *items, Py_ssize_t n,
                             PyObject *self) {
     Py_ssize_t i;
     int r;
     if (n == 0) return kvh_pwrite1(w, ')'); /* EMPTY_TUPLE, not memoised */
     if (n > 3 && (r = kvh_pwrite1(w, '(')) != KVH_OK) return r; /* MARK */
-    for (i = 0; i < n; i++)
+    if (n <= 1 << 20 && kvh_reserve(w, 5 * n + 16) < 0) return KVH_ERROR;
+    for (i = 0; i < n; i++) {
+        if (kvh_pickle_small_int(w, items[i])) continue;
         if ((r = kvh_pickle_save(w, items[i])) != KVH_OK) return r;
+    }
     /* TUPLE1..3 or TUPLE */
     if ((r = kvh_pwrite1(w, n <= 3 ? (unsigned char)(0x85 + n - 1) : 't')) != KVH_OK)
         return r;
@@ -362,8 +410,35 @@ static int kvh_cbor_items(kvh_writer *w, PyObject *const *items, Py_ssize_t n) {
     Py_ssize_t i;
     int r;
     if ((r = kvh_cbor_head(w, 4, (uint64_t)n)) != KVH_OK) return r;
-    for (i = 0; i < n; i++)
-        if ((r = kvh_cbor_save(w, items[i])) != KVH_OK) return r;
+    if (n <= 1 << 20 && kvh_reserve(w, 5 * n) < 0) return KVH_ERROR;
+    for (i = 0; i < n; i++) {
+        PyObject *obj = items[i];
+        /* fast path: a non-negative int below 2**32 with room reserved */
+        long long v;
+        if (PyLong_CheckExact(obj) && w->cap - w->len >= 5 && kvh_compact_int(obj, &v)) {
+            if (v >= 0) {
+                unsigned char *p = w->data + w->len;
+                if (v < 24) {
+                    p[0] = (unsigned char)v;
+                    w->len += 1;
+                } else if (v <= 0xff) {
+                    p[0] = 24;
+                    p[1] = (unsigned char)v;
+                    w->len += 2;
+                } else if (v <= 0xffff) {
+                    p[0] = 25;
+                    kvh_put_be(p + 1, (uint64_t)v, 2);
+                    w->len += 3;
+                } else {
+                    p[0] = 26;
+                    kvh_put_be(p + 1, (uint64_t)v, 4);
+                    w->len += 5;
+                }
+                continue;
+            }
+        }
+        if ((r = kvh_cbor_save(w, obj)) != KVH_OK) return r;
+    }
     return KVH_OK;
 }
 

@@ -53,13 +53,14 @@ def hash_blocks(
     num_blocks: int,
     extra_keys: list[Any] | None,
     fallback: Callable[[Any], bytes] | None,
+    start: int = 0,
 ) -> list[bytes]:
-    if block_size < 1 or num_blocks < 0:
-        raise ValueError("block_size must be >= 1 and num_blocks >= 0")
-    if len(token_ids) < num_blocks * block_size:
+    if block_size < 1 or num_blocks < 0 or start < 0:
+        raise ValueError("block_size must be >= 1, num_blocks and start >= 0")
+    if len(token_ids) - start < num_blocks * block_size:
         raise ValueError(
-            f"token_ids holds {len(token_ids)} tokens, fewer than "
-            f"{num_blocks} blocks of {block_size}"
+            f"token_ids holds {len(token_ids) - start} tokens from {start}, "
+            f"fewer than {num_blocks} blocks of {block_size}"
         )
     if extra_keys is not None and len(extra_keys) < num_blocks:
         raise ValueError("extra_keys must have one entry per block")
@@ -67,7 +68,8 @@ def hash_blocks(
     result = []
     for i in range(num_blocks):
         extra = None if extra_keys is None else extra_keys[i]
-        block = tuple(token_ids[i * block_size : (i + 1) * block_size])
+        first = start + i * block_size
+        block = tuple(token_ids[first : first + block_size])
         parent = digest(serialize((parent, block, extra), code), code)
         result.append(parent)
     return result

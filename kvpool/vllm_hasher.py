@@ -103,52 +103,38 @@ def get_request_block_hasher(
     if algorithm is None or hasher is None:
         return original(hash_block_size, caching_hash_fn, *extra_args)
 
-    hash_blocks = hasher.hash_blocks
-    block_size = hash_block_size
-
-    def recorded_extra_keys(request: Any) -> list[Any]:
-        keys: list[Any] = []
-
-        def record(block: tuple) -> bytes:
-            keys.append(block[2])
-            return b"\x01"  # any non-empty hash: the chain is not used
-
-        original(block_size, record, *extra_args)(request)
-        return keys
-
-    def request_block_hasher(request: Any) -> list[bytes]:
-        block_hashes = request.block_hashes
-        start = len(block_hashes) * block_size
-        num_tokens = request.num_tokens - lookahead
-        if start + block_size > num_tokens:
-            return []
-        num_blocks = (num_tokens - start) // block_size
-        parent = block_hashes[-1] if block_hashes else None
-        if not parent:
-            parent = kv_cache_utils.NONE_HASH
-        tokens = request.all_token_ids[start : start + num_blocks * block_size]
-        if type(tokens) is not list:
-            tokens = list(tokens)
+    def extra_keys(request: Any, start: int, num_blocks: int) -> list[Any] | None:
         if lookahead or request.mm_features or request.prompt_embeds is not None:
-            extra_keys = recorded_extra_keys(request)
-            if len(extra_keys) != num_blocks:  # vLLM's loop changed shape
-                return original(block_size, caching_hash_fn, *extra_args)(request)
-        elif request.lora_request or request.cache_salt:
-            generate = kv_cache_utils.generate_block_hash_extra_keys
-            first = generate(request, start, start + block_size, 0)[0]
-            rest = first
-            if start == 0 and num_blocks > 1:
-                rest = generate(request, block_size, 2 * block_size, 0)[0]
-            extra_keys = [first]
-            extra_keys += [rest] * (num_blocks - 1)
-        else:
-            extra_keys = None
-        return hash_blocks(
-            algorithm, parent, tokens, block_size, num_blocks, extra_keys, caching_hash_fn
-        )
+            keys: list[Any] = []
 
-    request_block_hasher.kvpool = True  # type: ignore[attr-defined]
-    return request_block_hasher
+            def record(block: tuple) -> bytes:
+                keys.append(block[2])
+                return b"\x01"  # any non-empty hash: the chain is not used
+
+            original(hash_block_size, record, *extra_args)(request)
+            # A different count: vLLM's loop changed shape; let it hash.
+            return keys if len(keys) == num_blocks else None
+        generate = kv_cache_utils.generate_block_hash_extra_keys
+        first = generate(request, start, start + hash_block_size, 0)[0]
+        rest = first
+        if start == 0 and num_blocks > 1:
+            rest = generate(request, hash_block_size, 2 * hash_block_size, 0)[0]
+        return [first] + [rest] * (num_blocks - 1)
+
+    try:
+        from vllm.v1.utils import ConstantList as token_list_type
+    except ImportError:
+        token_list_type = None
+    return hasher.RequestBlockHasher(
+        algorithm,
+        hash_block_size,
+        lookahead,
+        kv_cache_utils,
+        token_list_type,
+        extra_keys,
+        caching_hash_fn,
+        original(hash_block_size, caching_hash_fn, *extra_args),
+    )
 
 
 def _vllm_line() -> tuple[int, int] | None:
