@@ -52,6 +52,9 @@ HAS_LOOKAHEAD = (
     in inspect.signature(kv_cache_utils.get_request_block_hasher).parameters
 )
 
+# 0.15 / 0.16's Request takes a required ``eos_token_id``; 0.33's has none.
+EOS_KWARG = {"eos_token_id": None} if "eos_token_id" in inspect.signature(Request).parameters else {}
+
 
 @dataclass
 class Spec:
@@ -74,6 +77,7 @@ class Spec:
             for identifier, offset, length in self.mm
         ] or None
         return Request(
+            **EOS_KWARG,
             request_id=request_id,
             prompt_token_ids=list(self.prompt) if self.prompt is not None else None,
             sampling_params=SamplingParams(max_tokens=10_000),
