@@ -298,7 +298,16 @@ cdef class RequestBlockHasher:
         block_hashes = request.block_hashes
         num_hashed = len(block_hashes)
         start = num_hashed * block_size
-        num_tokens = request.num_tokens - self.lookahead
+        # Most calls (decode steps) end here, so the token count is read the
+        # cheapest way: vLLM's num_tokens is len(_all_token_ids), the list
+        # all_token_ids wraps.
+        tokens = request.all_token_ids
+        if type(tokens) is self.token_list_type:
+            tokens = tokens._x
+        if type(tokens) is list:
+            num_tokens = PyList_GET_SIZE(tokens) - self.lookahead
+        else:
+            num_tokens = request.num_tokens - self.lookahead
         if start + block_size > num_tokens:
             return []
         num_blocks = (num_tokens - start) // block_size
@@ -317,9 +326,6 @@ cdef class RequestBlockHasher:
             if keys is None:
                 return self.vllm_hasher(request)
             extra = keys
-        tokens = request.all_token_ids
-        if type(tokens) is self.token_list_type:
-            tokens = tokens._x
         if type(tokens) is not list:
             tokens = list(tokens[start:start + num_blocks * block_size])
             start = 0
