@@ -100,6 +100,17 @@ def _self_check_samples():
     ]
 
 
+def _serializer_states():
+    """(pickle, CBOR) serialiser states: 0 not yet checked, 1 in use, -1 off."""
+    return (_serializer_state[0], _serializer_state[1])
+
+
+def _set_serializer_states(int pickle_state, int cbor_state):
+    """For tests: force the states ``_serializer_states`` reports."""
+    _serializer_state[0] = pickle_state
+    _serializer_state[1] = cbor_state
+
+
 def _pickle_reference(obj):
     return pickle.dumps(obj, protocol=5)
 

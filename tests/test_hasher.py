@@ -338,3 +338,30 @@ def test_import_kvpool_imports_no_hashing_dependency():
 @C_EXT_MARK
 def test_sha256_backend_is_reported(chasher):
     assert chasher.SHA256_BACKEND in ("sha-ni", "portable")
+
+
+@C_EXT_MARK
+def test_self_check_passes_and_a_failed_one_means_python_serialisers(chasher):
+    """The serialisers pass their self-check on this interpreter; one that
+    failed it is never used: every block is hashed by the fallback."""
+    tokens = list(range(64))
+    for algorithm in ALGORITHMS:
+        chasher.hash_blocks(algorithm, b"p", tokens, 16, 4, None, None)
+    assert chasher._serializer_states() == (1, 1)
+    calls = []
+
+    def fallback(obj):
+        calls.append(obj)
+        return reference_hash(obj, "sha256")
+
+    try:
+        chasher._set_serializer_states(-1, -1)
+        got = chasher.hash_blocks("sha256", b"p" * 32, tokens, 16, 4, None, fallback)
+        assert len(calls) == 4
+        assert got == reference_chain(tokens, 16, "sha256", b"p" * 32)
+        assert chasher.hash_object("x", "sha256_cbor", lambda obj: b"fallback") == b"fallback"
+    finally:
+        chasher._set_serializer_states(0, 0)  # re-checked on next use
+    got = chasher.hash_blocks("sha256", b"p" * 32, tokens, 16, 4, None, None)
+    assert got == reference_chain(tokens, 16, "sha256", b"p" * 32)
+    assert chasher._serializer_states()[0] == 1
