@@ -63,6 +63,25 @@ def _compiled_hasher() -> ModuleType | None:
     return module if module.__name__ == "kvpool._hasher" else None
 
 
+# vLLM's own get_request_block_hasher, kept in case kv_cache_utils' name is
+# itself rebound to kvpool's (a test harness may do that): kvpool's function
+# must never call itself as "vLLM's".
+_vllm_factory: list[Callable[..., Any]] = []
+
+
+def _vllm_get_request_block_hasher(kv_cache_utils: ModuleType) -> Callable[..., Any]:
+    current = kv_cache_utils.get_request_block_hasher
+    if current is not get_request_block_hasher:
+        _vllm_factory[:] = [current]
+        return current
+    if not _vllm_factory:
+        raise RuntimeError(
+            "vllm.v1.core.kv_cache_utils.get_request_block_hasher is kvpool's, "
+            "and vLLM's own was never seen"
+        )
+    return _vllm_factory[0]
+
+
 def get_request_block_hasher(
     hash_block_size: int,
     caching_hash_fn: Callable[[Any], bytes],
@@ -91,7 +110,7 @@ def get_request_block_hasher(
     from vllm.utils import hashing as vllm_hashing
     from vllm.v1.core import kv_cache_utils
 
-    original = kv_cache_utils.get_request_block_hasher
+    original = _vllm_get_request_block_hasher(kv_cache_utils)
     lookahead = num_hash_lookahead_tokens
     extra_args = (lookahead,) if lookahead else ()
     codes = {
@@ -171,6 +190,9 @@ def install_hasher(*, force: bool = False) -> bool:
                 ".".join(map(str, line or ())) or "?",
             )
             return False
+        from vllm.v1.core import kv_cache_utils
+
+        _vllm_get_request_block_hasher(kv_cache_utils)  # remember vLLM's own
         modules = [importlib.import_module(name) for name in _PATCHED_MODULES]
         for module in modules:
             _originals[module] = module.get_request_block_hasher

@@ -247,3 +247,16 @@ def test_blocks_are_hashed_in_c(monkeypatch, kind):
         request = random_spec(random.Random(seed), kind, 16).build("r", hasher)
         request.append_output_token_ids(list(range(40)))
     assert calls == []
+
+
+def test_kv_cache_utils_rebound_to_kvpools(monkeypatch):
+    """A harness may rebind vLLM's own name to kvpool's (to run a workload
+    with it): kvpool's factory still finds vLLM's, never itself."""
+    kv_cache_utils.init_none_hash(vllm_hashing.sha256)
+    theirs = kv_cache_utils.get_request_block_hasher(4, vllm_hashing.sha256)
+    vllm_hasher._vllm_get_request_block_hasher(kv_cache_utils)
+    monkeypatch.setattr(kv_cache_utils, "get_request_block_hasher", vllm_hasher.get_request_block_hasher)
+    ours = kv_cache_utils.get_request_block_hasher(4, vllm_hashing.sha256)
+    assert getattr(ours, "kvpool", False)
+    spec = Spec(list(range(30)), None, [("img", 2, 5)], None, "salt")
+    assert spec.build("a", theirs).block_hashes == spec.build("b", ours).block_hashes
