@@ -6,6 +6,10 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 cdef class _Store:
     # Blocks 0..n-1, then the free list's head (n) and tail (n+1) sentinels.
     cdef Py_ssize_t n
+    # Slots: n blocks, 2 sentinels, then `nadopt` adopted stand-alone
+    # blocks; `cap` slots are allocated.
+    cdef Py_ssize_t nadopt
+    cdef Py_ssize_t cap
     cdef Py_ssize_t num_free
     cdef Py_ssize_t num_objs      # how many of objs[] are materialised
     cdef int32_t *prev            # free-list links; -1: not in the list
@@ -31,6 +35,7 @@ cdef class _Store:
     cdef uint32_t new_epoch(self) noexcept
     cdef void unlink(self, Py_ssize_t i) noexcept
     cdef void link_tail(self, Py_ssize_t i) noexcept
+    cdef Py_ssize_t add_slot(self) except -1
 
 
 cdef class KVCacheBlock:

@@ -26,7 +26,7 @@ cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_Check, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_DelItem, PyDict_GetItem, PyDict_Next, PyDict_SetItem
 from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
-from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc
+from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from cpython.sequence cimport PySequence_Fast, PySequence_Fast_GET_ITEM, PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
@@ -50,6 +50,7 @@ cdef extern from "Python.h":
 
 cdef enum:
     _NULL = 1       # the pool's null block
+    _ADOPTED = 2    # a stand-alone block this store adopted (its `pool` stays None)
 
 DEF GROUP_ID_BYTES = 4
 # ``block_hash_num_tokens`` of a block without one (vLLM's None).
@@ -89,6 +90,7 @@ cdef class _Store:
                 or self.objs == NULL):
             raise MemoryError(f"cannot allocate the state of {n} blocks")
         self.n = n
+        self.cap = size
         for i in range(size):
             self.prev[i] = -1
             self.next[i] = -1
@@ -97,7 +99,7 @@ cdef class _Store:
         self.prev[n + 1] = <int32_t> n
 
     def __dealloc__(self):
-        cdef Py_ssize_t i, size = self.n + 2
+        cdef Py_ssize_t i, size = self.n + 2 + self.nadopt
         cdef PyObject *o
         cdef KVCacheBlock b
         if self.objs != NULL and not self.private:
@@ -157,7 +159,7 @@ cdef class _Store:
         earlier in this call", with nothing to clear afterwards."""
         self.epoch += 1
         if self.epoch == 0:  # wrapped after 2**32 calls: forget old stamps
-            memset(self.stamp, 0, (self.n + 2) * sizeof(uint32_t))
+            memset(self.stamp, 0, self.cap * sizeof(uint32_t))
             self.epoch = 1
         return self.epoch
 
@@ -169,6 +171,40 @@ cdef class _Store:
         self.next[i] = -1
         self.num_free -= 1
 
+    cdef Py_ssize_t add_slot(self) except -1:
+        """A new slot after the sentinels (for an adopted block), the arrays
+        grown as needed; all its state zero/None, out of the list."""
+        cdef Py_ssize_t used = self.n + 2 + self.nadopt, new_cap, i
+        if used == self.cap:
+            new_cap = self.cap + max(8, self.nadopt)
+            if new_cap > <Py_ssize_t> INT32_MAX:
+                new_cap = <Py_ssize_t> INT32_MAX
+            if used >= new_cap:
+                raise ValueError("no room to adopt another block")
+            if not (_grow(<void **> &self.prev, new_cap * sizeof(int32_t))
+                    and _grow(<void **> &self.next, new_cap * sizeof(int32_t))
+                    and _grow(<void **> &self.ref_cnt, new_cap * sizeof(int32_t))
+                    and _grow(<void **> &self.flags, new_cap * sizeof(uint8_t))
+                    and _grow(<void **> &self.stamp, new_cap * sizeof(uint32_t))
+                    and _grow(<void **> &self.hash, new_cap * sizeof(PyObject *))
+                    and _grow(<void **> &self.objs, new_cap * sizeof(PyObject *))
+                    and (self.ntok == NULL
+                         or _grow(<void **> &self.ntok, new_cap * sizeof(int64_t)))):
+                raise MemoryError("cannot grow the block store")
+            for i in range(self.cap, new_cap):
+                self.prev[i] = -1
+                self.next[i] = -1
+                self.ref_cnt[i] = 0
+                self.flags[i] = 0
+                self.stamp[i] = 0
+                self.hash[i] = NULL
+                self.objs[i] = NULL
+                if self.ntok != NULL:
+                    self.ntok[i] = NTOK_NONE
+            self.cap = new_cap
+        self.nadopt += 1
+        return used
+
     cdef void link_tail(self, Py_ssize_t i) noexcept:
         cdef Py_ssize_t tail = self.n + 1
         cdef int32_t last = self.prev[tail]
@@ -177,6 +213,53 @@ cdef class _Store:
         self.next[i] = <int32_t> tail
         self.prev[tail] = <int32_t> i
         self.num_free += 1
+
+
+cdef inline bint _grow(void **p, size_t size) noexcept:
+    """Reallocate ``*p`` to ``size`` bytes; False (``*p`` unchanged) on failure."""
+    cdef void *q = PyMem_Realloc(p[0], size)
+    if q == NULL:
+        return False
+    p[0] = q
+    return True
+
+
+cdef Py_ssize_t _adopt(_Store st, object o) except -2:
+    """Take the stand-alone block ``o`` (made with ``KVCacheBlock(...)``, in
+    no pool or queue yet) into a new slot of ``st``, with its state, and
+    return the slot; -1 if ``o`` is not such a block. vLLM's pure-Python
+    design lets any block object join any pool or queue; adopting it keeps
+    each block in one store, so it can never be linked into two lists."""
+    cdef KVCacheBlock b
+    cdef _Store old
+    cdef Py_ssize_t i
+    if not _is_block(o):
+        return -1
+    b = <KVCacheBlock> o
+    if b._st == NULL:
+        return -1
+    old = <_Store> b._st
+    if old is st or not old.private or (old.pool != NULL and old.pool != st.pool):
+        return -1
+    if (type(b) is KVCacheBlock33) != st.v33:
+        raise TypeError(
+            f"block {b._bid} is of the vLLM {'0.33' if type(b) is KVCacheBlock33 else '0.15'} "
+            f"line; this pool or queue is of the {'0.33' if st.v33 else '0.15'} line"
+        )
+    i = st.add_slot()
+    st.ref_cnt[i] = old.ref_cnt[0]
+    st.flags[i] = (old.flags[0] & _NULL) | _ADOPTED
+    st.hash[i] = old.hash[0]
+    old.hash[0] = NULL
+    if st.ntok != NULL:
+        st.ntok[i] = old.ntok[0]
+    Py_INCREF(b)
+    st.objs[i] = <PyObject *> b
+    old.objs[0] = NULL
+    b._st = <PyObject *> st
+    b._idx = <int32_t> i
+    Py_DECREF(old)  # the private store the block owned
+    return i
 
 
 cdef int _give_private_store(KVCacheBlock b, int32_t ref_cnt, uint8_t flags,
@@ -260,6 +343,9 @@ cdef inline bytes _make_key(object h, uint32_t group):
 cdef inline Py_ssize_t _index_in(_Store st, object o) except -1:
     """Index of block ``o`` in ``st``; raises unless it is one of its blocks."""
     cdef Py_ssize_t i = _index_in_or_none(st, o)
+    if i >= 0:
+        return i
+    i = _adopt(st, o)
     if i >= 0:
         return i
     if not _is_block(o):
@@ -437,7 +523,9 @@ cdef class KVCacheBlock33(KVCacheBlock):
         """The pool this block belongs to (None for a standalone block, or
         once its pool is gone)."""
         cdef _Store st = _live_store(self)
-        return None if st.pool == NULL else <object> st.pool
+        if st.pool == NULL or st.flags[self._idx] & _ADOPTED:
+            return None  # an adopted stand-alone block keeps pool None, as in vLLM
+        return <object> st.pool
 
     def set_block_hash(self, block_hash, num_tokens=None):
         """Give the block its (first) hash key and the number of prefix
@@ -508,7 +596,7 @@ cdef inline int64_t _check_ntok(object value) except? -1:
 cdef object _neighbour_id(_Store st, int32_t i):
     if i < 0:
         return None
-    if i >= st.n:
+    if st.n <= i <= st.n + 1:
         return -1  # a sentinel
     if st.objs[i] != NULL:
         return (<KVCacheBlock> st.objs[i])._bid
@@ -748,6 +836,8 @@ cdef int _link_n(_Store st, object seq, bint front) except -1:
     cdef uint32_t ep = st.new_epoch()
     for j in range(n):
         i = _index_in_or_none(st, <object> items[j])
+        if i < 0:
+            i = _adopt(st, <object> items[j])
         if i < 0 or st.stamp[i] == ep or st.prev[i] >= 0:
             bad = j
             break
@@ -1113,8 +1203,26 @@ cdef class BlockHashToBlockMap:
 
     @property
     def _cache(self):
-        """A snapshot of the table as vLLM's dict: key -> block, or ->
-        ``{block_id: block}`` (in insertion order) for a shared key."""
+        """vLLM's private dict, as a live mapping over this table: key ->
+        block, or ``{block_id: block}`` (insertion order) for a shared key.
+        Reading, ``pop``, ``del``, ``clear`` and assigning an entry (a block,
+        or a non-empty dict of blocks) act on the table, so code that evicts
+        entries by hand (vLLM's tests do) works; assigning the attribute
+        replaces every entry. ``copy.copy`` gives a plain dict snapshot."""
+        return _CacheView(self)
+
+    @_cache.setter
+    def _cache(self, entries):
+        new = {}
+        for key, value in dict(entries).items():
+            _check_key(key)
+            new[key] = _entry_blocks(value)
+        self._clear()
+        for key, blocks in new.items():
+            for b in blocks:
+                self.insert_key(key, b)
+
+    def _snapshot_py(self):
         cdef Py_ssize_t j
         ret = {}
         for j in range(self.cap):
@@ -1122,6 +1230,38 @@ cdef class BlockHashToBlockMap:
                 v = <object> self.vals[j]
                 ret[<object> self.keys[j]] = dict(v) if type(v) is dict else v
         return ret
+
+    def _entry(self, key):
+        """The entry under ``key`` (KeyError if none), as ``_cache[key]``."""
+        _check_key(key)
+        cdef Py_ssize_t j = self.find_key(key)
+        if j < 0:
+            raise KeyError(key)
+        return <object> self.vals[j]
+
+    def _set_entry(self, key, value):
+        _check_key(key)
+        cdef list blocks = _entry_blocks(value)
+        self._del_entry(key, False)
+        for b in blocks:
+            self.insert_key(key, b)
+
+    def _del_entry(self, key, bint must_exist=True):
+        _check_key(key)
+        cdef Py_ssize_t j = self.find_key(key)
+        if j < 0:
+            if must_exist:
+                raise KeyError(key)
+            return
+        self.delete_at(j)
+
+    def _clear(self):
+        cdef Py_ssize_t j = 0
+        while self.used:
+            if self.keys[j] != NULL:
+                self.delete_at(j)  # shifts later entries back into j
+            else:
+                j += 1
 
     def insert(self, key, block):
         """Cache ``block`` under ``key`` (after any block already there)."""
@@ -1138,6 +1278,23 @@ cdef class BlockHashToBlockMap:
 
     def __len__(self):
         return self.used
+
+
+cdef list _entry_blocks(object value):
+    """The blocks of a ``_cache`` entry: a block, or a non-empty
+    ``{block_id: block}`` dict whose keys are the blocks' ids."""
+    if _is_block(value):
+        return [value]
+    if type(value) is dict and value:
+        blocks = list((<dict> value).values())
+        for bid, b in (<dict> value).items():
+            if not _is_block(b) or (<KVCacheBlock> b)._bid != bid:
+                raise ValueError("a _cache entry dict maps each block's id to the block")
+        return blocks
+    raise TypeError(
+        f"a _cache entry is a KVCacheBlock or a non-empty {{block_id: block}} dict, "
+        f"got {type(value).__name__}"
+    )
 
 
 cdef inline int _check_key(object key) except -1:
@@ -1736,6 +1893,8 @@ cdef int _free(_Store st, PyObject **items, Py_ssize_t n, Py_ssize_t stride) exc
     while done < n:
         i = _index_in_or_none(st, <object> items[done * stride])
         if i < 0:
+            i = _adopt(st, <object> items[done * stride])
+        if i < 0:
             problem = "foreign"
             break
         if not (st.flags[i] & _NULL):
@@ -1778,7 +1937,8 @@ cdef inline Py_ssize_t _index_in_or_none(_Store st, object o):
     if not _is_block(o):
         return -1
     b = <KVCacheBlock> o
-    if b._st != <PyObject *> st or b._idx >= st.n:
+    # Its store's, and not a sentinel (adopted blocks sit after them).
+    if b._st != <PyObject *> st or (st.n <= b._idx <= st.n + 1):
         return -1
     return b._idx
 
@@ -1873,6 +2033,8 @@ cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t strid
     while done < n:
         o = items[done * stride]
         i = _index_in_or_none(st, <object> o)
+        if i < 0:
+            i = _adopt(st, <object> o)  # vLLM: a block without a pool is this pool's
         if i < 0:
             if not _null_elsewhere(<object> o):
                 other = _pool_of(<object> o)
@@ -1975,3 +2137,50 @@ def _seed_hash():
 
 
 _seed_hash()
+
+
+from collections.abc import MutableMapping as _MutableMapping
+
+
+class _CacheView(_MutableMapping):
+    """``BlockHashToBlockMap._cache`` of the compiled core: a live mapping
+    over the C table (see that property)."""
+
+    __slots__ = ("_map",)
+
+    def __init__(self, hash_map):
+        self._map = hash_map
+
+    def __getitem__(self, key):
+        return self._map._entry(key)
+
+    def __setitem__(self, key, value):
+        self._map._set_entry(key, value)
+
+    def __delitem__(self, key):
+        self._map._del_entry(key)
+
+    def __iter__(self):
+        return iter(self._map._snapshot_py())
+
+    def __len__(self):
+        return len(self._map)
+
+    def clear(self):
+        self._map._clear()
+
+    def __copy__(self):
+        return self._map._snapshot_py()
+
+    def copy(self):
+        return self._map._snapshot_py()
+
+    def __eq__(self, other):
+        if isinstance(other, _CacheView):
+            other = other.copy()
+        return self._map._snapshot_py() == other
+
+    __hash__ = None
+
+    def __repr__(self):
+        return repr(self._map._snapshot_py())

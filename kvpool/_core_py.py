@@ -88,9 +88,12 @@ def _check_out_list(value: Any, name: str) -> None:
         raise TypeError(f"{name} must be a list or None, got {type(value).__name__}")
 
 
-def _check_owned(block: Any, tok: object, what: str) -> None:
+def _check_owned(block: Any, tok: object, what: str, adopter: Any = None) -> None:
     """Raise ``TypeError``/``ValueError`` unless ``block`` is owned by ``tok``:
-    the slow path taken once a fast ``_owner is tok`` test has failed."""
+    the slow path taken once a fast ``_owner is tok`` test has failed. With
+    ``adopter`` (the queue of ``tok``), a stand-alone block is adopted instead."""
+    if adopter is not None and adopter._adopt_one(block):
+        return
     if not isinstance(block, KVCacheBlock):
         raise TypeError(f"{what}: expected a KVCacheBlock, got {type(block).__name__}")
     if block._owner is _SENTINEL:
@@ -365,6 +368,30 @@ class FreeKVCacheBlockQueue:
         tail._prev = last
         self._num_free = num_blocks
 
+    def _adopt_one(self, block: Any) -> bool:
+        """Take a stand-alone block (made with ``KVCacheBlock(...)``, in no
+        pool or queue) as one of this queue's, out of the list: vLLM lets any
+        block join any pool or queue; adopting keeps each block in one, so it
+        can never be linked into two lists. False if it is not one."""
+        if not isinstance(block, KVCacheBlock) or block._owner is not None:
+            return False
+        if type(block) is not type(self._head):
+            raise TypeError(
+                f"block {block._block_id} is of the other vLLM line than this pool or queue"
+            )
+        block._owner = self._tok
+        block._prev = self._tok
+        block._next = None
+        return True
+
+    def _adopt(self, blocks: Iterable[Any]) -> bool:
+        """``_adopt_one`` over ``blocks``; whether any was adopted."""
+        adopted = False
+        for block in blocks:
+            if self._adopt_one(block):
+                adopted = True
+        return adopted
+
     @property
     def num_free_blocks(self) -> int:
         return self._num_free
@@ -424,7 +451,7 @@ class FreeKVCacheBlockQueue:
         except AttributeError:  # not a block: reported below
             ok = False
         if not ok:
-            _check_owned(block, tok, "remove()")
+            _check_owned(block, tok, "remove()", self)
             raise RuntimeError(f"remove(): block {block._block_id} is not in the free queue")
         nxt = block._next
         prev._next = nxt
@@ -440,6 +467,8 @@ class FreeKVCacheBlockQueue:
         except AttributeError:  # not a block: reported below
             ok = False
         if not ok:
+            if self._adopt_one(block):
+                return self.append(block)
             self._raise_bad_append([block], "append()")
         tail = self._tail
         last = tail._prev
@@ -466,7 +495,7 @@ class FreeKVCacheBlockQueue:
         if cursor is None:
             cursor = self._head
         elif cursor is not self._head and cursor is not self._tail:
-            _check_owned(cursor, self._tok, "iter_blocks_after()")
+            _check_owned(cursor, self._tok, "iter_blocks_after()", self)
         return self._iter_after(cursor)
 
     def _iter_after(self, cursor: KVCacheBlock) -> Iterator[KVCacheBlock]:
@@ -510,6 +539,8 @@ class FreeKVCacheBlockQueue:
                     block = nxt
                 old_last._next = after
         if not done:
+            if self._adopt(blocks):
+                return self._link_n(blocks, front, what)
             self._raise_bad_append(blocks, what)
         last._next = after
         after._prev = last
@@ -883,6 +914,8 @@ class PoolCore:
             if not ok:
                 self._unmark_free(blocks)
         if not ok:
+            if self._queue._adopt(blocks):
+                return self.free_blocks(blocks)
             self._raise_bad_free(blocks)
         queue = self._queue
         tail = queue._tail
@@ -944,7 +977,7 @@ class PoolCore:
             pass
         if not ok:
             for block in blocks:
-                _check_owned(block, tok, "touch()")
+                _check_owned(block, tok, "touch()", self._queue)
                 if block._ref_cnt > limit:
                     raise ValueError(f"touch(): block {block._block_id}: ref_cnt would overflow")
         num_removed = 0
@@ -973,7 +1006,7 @@ class PoolCore:
         except AttributeError:  # not a block: reported below
             ok = False
         if not ok:
-            _check_owned(block, self._tok, "_evict_block()")
+            _check_owned(block, self._tok, "_evict_block()", self._queue)
         return self._evict(block, removed)
 
     def _evict(self, block: KVCacheBlock, removed: list[bytes] | None) -> bool:
@@ -1073,6 +1106,8 @@ class PoolCore:
                     if not block._is_null:
                         block._hash = None
         if failed:
+            if self._queue._adopt(new_blocks):
+                return self._cache_blocks(blocks, start, stop, block_hashes, group_id, stored)
             self._raise_bad_cache(new_blocks, start, block_hashes)
         insert = self._map._insert
         for block in new_blocks:
@@ -1147,8 +1182,10 @@ class PoolCore:
         others: dict[Any, list[Any]] = {}
         done = 0
         bad = None
+        adopt_one = self._queue._adopt_one
         for block in blocks:
-            if getattr(block, "_owner", None) is not tok:
+            # vLLM: a block without a pool is this pool's.
+            if getattr(block, "_owner", None) is not tok and not adopt_one(block):
                 if not getattr(block, "is_null", False):
                     if not hasattr(block, "block_id"):
                         bad = block
@@ -1205,7 +1242,7 @@ class PoolCore:
         tok = self._tok
         seen: set[int] = set()
         for block in blocks:
-            _check_owned(block, tok, "_claim()")
+            _check_owned(block, tok, "_claim()", self._queue)
             if block._prev is not tok or block._ref_cnt != 0 or block._is_null:
                 raise ValueError(
                     f"block {block._block_id} is not a block just taken from the free "
@@ -1226,7 +1263,7 @@ class PoolCore:
         blocks = list(blocks)
         tok = self._tok
         for block in blocks:
-            _check_owned(block, tok, "unpin_blocks()")
+            _check_owned(block, tok, "unpin_blocks()", self._queue)
             if block._is_null:
                 raise ValueError("the null block cannot be unpinned")
         for done, block in enumerate(blocks):
@@ -1297,7 +1334,7 @@ class PoolCore:
         tok = self._tok
         seen: set[int] = set()
         for j, block in enumerate(new_blocks):
-            _check_owned(block, tok, "cache_full_blocks()")
+            _check_owned(block, tok, "cache_full_blocks()", self._queue)
             if block._is_null or (mask is not None and not mask[j]):
                 continue
             ntok = (start + j + 1) * block_size

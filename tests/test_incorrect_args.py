@@ -24,8 +24,10 @@ from _helpers import (
     FakeRequest,
     block_pool_class,
     check_invariants,
+    check_pool_unchanged,
     check_queue_unchanged,
     check_raises,
+    ids,
     key,
     make_hashes,
     pool_state,
@@ -210,11 +212,14 @@ def test_remove_non_block(standalone, intruder):
 
 def test_remove_block_not_owned(standalone, KVCacheBlock, FreeKVCacheBlockQueue):
     queue, blocks = standalone
+    # A stand-alone block joins the queue on first use (as in vLLM), but
+    # it is not in the list: removing it fails as for any block outside.
     stranger = KVCacheBlock(3)  # same id as a member, different block
-    check_queue_unchanged(queue, blocks, ValueError, queue.remove, stranger)
+    check_queue_unchanged(queue, blocks, RuntimeError, queue.remove, stranger)
     other = [KVCacheBlock(i) for i in range(6)]
-    FreeKVCacheBlockQueue(other)
+    other_queue = FreeKVCacheBlockQueue(other)  # kept alive: its blocks stay its own
     check_queue_unchanged(queue, blocks, ValueError, queue.remove, other[3])
+    assert other_queue.num_free_blocks == 6
 
 
 @pytest.mark.parametrize("which", ["fake_free_list_head", "fake_free_list_tail"])
@@ -239,9 +244,28 @@ def test_append_non_block(standalone, intruder):
     check_queue_unchanged(queue, blocks, TypeError, queue.append, intruder)
 
 
-def test_append_block_not_owned(standalone, KVCacheBlock):
+def test_append_block_not_owned(standalone, KVCacheBlock, FreeKVCacheBlockQueue):
     queue, blocks = standalone
-    check_queue_unchanged(queue, blocks, ValueError, queue.append, KVCacheBlock(0))
+    other = [KVCacheBlock(i) for i in range(2)]
+    other_queue = FreeKVCacheBlockQueue(other)  # kept alive: its blocks stay its own
+    other_queue.remove(other[0])
+    check_queue_unchanged(queue, blocks, ValueError, queue.append, other[0])
+
+
+def test_append_standalone_block_is_adopted(standalone, KVCacheBlock, FreeKVCacheBlockQueue):
+    # vLLM appends any block object; kvpool adopts a stand-alone one, which
+    # then belongs to this queue and to no other.
+    queue, blocks = standalone
+    stranger = KVCacheBlock(0)  # same id as a member, different block
+    before = ids(queue.get_all_free_blocks())
+    queue.append(stranger)
+    assert ids(queue.get_all_free_blocks()) == before + [0]
+    assert queue.fake_free_list_tail.prev_free_block is stranger
+    other = FreeKVCacheBlockQueue([])
+    check_raises(ValueError, other.append, stranger)
+    queue.remove(stranger)
+    check_raises(ValueError, other.append_n, [stranger])
+    assert other.num_free_blocks == 0
 
 
 @pytest.mark.parametrize("which", ["fake_free_list_head", "fake_free_list_tail"])
@@ -286,9 +310,16 @@ def test_append_n_non_block(standalone):
     check_queue_unchanged(queue, blocks, TypeError, queue.append_n, [blocks[0], None])
 
 
-def test_append_n_not_owned(standalone, KVCacheBlock):
+def test_append_n_not_owned(standalone, KVCacheBlock, FreeKVCacheBlockQueue):
     queue, blocks = standalone
-    check_queue_unchanged(queue, blocks, ValueError, queue.append_n, [blocks[0], KVCacheBlock(7)])
+    other = [KVCacheBlock(7)]
+    other_queue = FreeKVCacheBlockQueue(other)  # kept alive: its blocks stay its own
+    other_queue.remove(other[0])
+    check_queue_unchanged(queue, blocks, ValueError, queue.append_n, [blocks[0], other[0]])
+    new = [KVCacheBlock(7), KVCacheBlock(8)]
+    before = ids(queue.get_all_free_blocks())
+    queue.append_n([blocks[0], *new])
+    assert ids(queue.get_all_free_blocks()) == before + [0, 7, 8]
 
 
 # ---------------------------------------------------------------------------
@@ -441,10 +472,23 @@ def test_free_null_block_of_another_pool(busy, other_pool):
     assert other_pool.null_block.ref_cnt == 0
 
 
-def test_free_standalone_block(busy, KVCacheBlock):
+def test_free_standalone_block(busy, KVCacheBlock, other_pool):
+    # A stand-alone block is adopted by the pool that frees it (vLLM's pools
+    # take any block object); freed with ref_cnt 0 it is refused (vLLM
+    # would drive ref_cnt to -1).
+    zero = KVCacheBlock(5)
+    busy.unchanged(ValueError, busy.pool.free_blocks, [zero], match=naming(5))
+    assert zero.ref_cnt == 0
     stranger = KVCacheBlock(5, ref_cnt=1)
-    busy.unchanged(ValueError, busy.pool.free_blocks, [stranger], match=naming(5))
-    assert stranger.ref_cnt == 1
+    free_before = busy.pool.get_num_free_blocks()
+    busy.pool.free_blocks([stranger])
+    assert stranger.ref_cnt == 0
+    assert busy.pool.free_block_queue.fake_free_list_tail.prev_free_block is stranger
+    assert busy.pool.get_num_free_blocks() == free_before + 1
+    # Adopted: it now belongs to this pool, and another pool refuses it.
+    busy.pool.touch([stranger])
+    check_pool_unchanged(other_pool, ValueError, other_pool.free_blocks, [stranger])
+    check_pool_unchanged(other_pool, ValueError, other_pool.touch, [stranger])
 
 
 def test_free_sentinel(busy):
@@ -479,7 +523,12 @@ def test_touch_null_block_of_another_pool(busy, other_pool):
 
 
 def test_touch_standalone_block(busy, KVCacheBlock):
-    busy.unchanged(ValueError, busy.pool.touch, [busy.free_cached[0], KVCacheBlock(2)])
+    # Adopted, as vLLM takes any block: one more reference, no queue change.
+    stranger = KVCacheBlock(2)
+    queue_before = ids(busy.pool.free_block_queue.get_all_free_blocks())
+    busy.pool.touch([stranger])
+    assert stranger.ref_cnt == 1
+    assert ids(busy.pool.free_block_queue.get_all_free_blocks()) == queue_before
 
 
 def test_touch_sentinel(busy):
