@@ -106,9 +106,9 @@ build_vllm() {
 
 if [ -n "${KVPOOL_VLLM_ENV_CACHE:-}" ]; then
     # The key changes whenever what would be installed changes: the release,
-    # the pins, the --no-deps list, the interpreter.
+    # the pins (not the comments), the --no-deps list, the interpreter.
     key=$( { echo "$version ${no_deps[*]}"; "$python" -c 'import sys; print(sys.version)'
-             cat "$requirements"; } | sha256sum | cut -c1-12)
+             sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$requirements"; } | sha256sum | cut -c1-12)
     base=$KVPOOL_VLLM_ENV_CACHE/vllm-$version-$key
     if [ -d "$base" ]; then
         step "cached vLLM $version environment: $base"
