@@ -31,6 +31,14 @@ export KVPOOL_VLLM_ENV_CACHE=${KVPOOL_VLLM_ENV_CACHE-${XDG_CACHE_HOME:-$HOME/.ca
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvpool-vllm.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
+# kvpool is compiled once, into a wheel every release's venv installs.
+echo "== kvpool wheel from $repo"
+started=$SECONDS
+"${PYTHON:-python3}" -m pip --disable-pip-version-check wheel -q --no-deps \
+    -w "$tmp/wheel" "$repo"
+kvpool_wheel=$(echo "$tmp"/wheel/kvpool-*.whl)
+echo "   $(basename "$kvpool_wheel") ($((SECONDS - started))s)"
+
 summary=()
 failed=0
 for version in $versions; do
@@ -42,7 +50,7 @@ for version in $versions; do
     venv=$tmp/venv-$version
     echo "== vLLM $version: environment"
     started=$SECONDS
-    if ! bash "$repo/.ci/vllm-env.sh" --vllm "$version" "$venv" "$repo"; then
+    if ! bash "$repo/.ci/vllm-env.sh" --vllm "$version" "$venv" "$kvpool_wheel"; then
         summary+=("vLLM $version: FAILED to build its environment")
         failed=1
         continue
