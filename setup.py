@@ -16,7 +16,21 @@ if not os.environ.get("KVPOOL_NO_EXTENSIONS"):
                 "kvpool._core",
                 ["kvpool/_core.pyx"],
                 extra_compile_args=["-O3"],
-            )
+            ),
+            # The block hasher: C serialisers, SHA-256 (_sha256.h) and the
+            # vendored xxHash header (kvpool/_vendor/xxhash), all compiled in;
+            # the module needs no shared library beyond libc.
+            Extension(
+                "kvpool._hasher",
+                ["kvpool/_hasher.pyx"],
+                include_dirs=["kvpool"],
+                depends=[
+                    "kvpool/_hasher_impl.h",
+                    "kvpool/_sha256.h",
+                    "kvpool/_vendor/xxhash/xxhash.h",
+                ],
+                extra_compile_args=["-O3"],
+            ),
         ],
         compiler_directives={
             "language_level": "3",

@@ -1,6 +1,6 @@
 # Data layout of the compiled core (see _core.pyx for the why).
 from cpython.object cimport PyObject
-from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
 
 cdef class _Store:
@@ -18,6 +18,13 @@ cdef class _Store:
     cdef PyObject **objs          # the block objects (owned, or borrowed if private)
     cdef bint private             # a standalone block's own one-block store
     cdef bint owned               # blocks handed to a queue or a pool for good
+    # The vLLM 0.33 line: handles are KVCacheBlock33, and each block also
+    # records how many prefix tokens its hash covers (ntok, NULL otherwise).
+    cdef bint v33
+    cdef int64_t *ntok            # NTOK_NONE: None
+    # The pool these blocks belong to (``block.pool``): borrowed for a
+    # pool's store (the pool owns the store), owned for a private store.
+    cdef PyObject *pool
 
     cdef object block(self, Py_ssize_t i)
     cdef int materialise(self, Py_ssize_t first, Py_ssize_t count) except -1
@@ -30,6 +37,10 @@ cdef class KVCacheBlock:
     cdef PyObject *_st            # the store holding this block's state
     cdef int32_t _idx             # index in that store
     cdef int32_t _bid             # block_id
+
+
+cdef class KVCacheBlock33(KVCacheBlock):
+    pass
 
 
 cdef class FreeKVCacheBlockQueue:
@@ -56,6 +67,7 @@ cdef class BlockHashToBlockMap:
     cdef int insert_key(self, bytes key, KVCacheBlock block) except -1
     cdef int insert_hg(self, bytes key, object block_hash, uint32_t g, KVCacheBlock block) except -1
     cdef int _insert(self, bytes key, Py_ssize_t j, uint64_t h, KVCacheBlock block) except -1
+    cdef bint slot_has_id(self, Py_ssize_t j, int32_t block_id) noexcept
     cdef void delete_at(self, Py_ssize_t i) noexcept
     cdef object pop_id(self, Py_ssize_t j, object block_id)
     cdef bint pop_block(self, bytes key, KVCacheBlock b) except -1
@@ -71,6 +83,8 @@ cdef class PoolCore:
     cdef object _hash_block_size
     cdef bint _caching
     cdef bint _events
+    cdef dict _by_block           # 0.33: block_id -> its further hash keys
+    cdef dict _watchers           # 0.33: block_id -> reuse watcher
     cdef BlockHashToBlockMap _map
     cdef FreeKVCacheBlockQueue _queue
     cdef _Store st

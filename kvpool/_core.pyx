@@ -30,7 +30,7 @@ from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from cpython.sequence cimport PySequence_Fast, PySequence_Fast_GET_ITEM, PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
-from libc.stdint cimport INT32_MAX, int32_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport INT32_MAX, INT64_MIN, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
 cdef extern from "Python.h":
@@ -52,6 +52,8 @@ cdef enum:
     _NULL = 1       # the pool's null block
 
 DEF GROUP_ID_BYTES = 4
+# ``block_hash_num_tokens`` of a block without one (vLLM's None).
+cdef int64_t NTOK_NONE = INT64_MIN
 # Largest pool: indices, sentinels included, must fit an int32.
 cdef Py_ssize_t MAX_BLOCKS = INT32_MAX - 2
 
@@ -61,12 +63,20 @@ cdef Py_ssize_t MAX_BLOCKS = INT32_MAX - 2
 cdef class _Store:
     """C arrays holding the state of ``n`` blocks plus two sentinels."""
 
-    def __cinit__(self, Py_ssize_t n, bint private=False):
+    def __cinit__(self, Py_ssize_t n, bint private=False, bint v33=False):
         cdef Py_ssize_t size = n + 2, i
         self.n = 0  # until the arrays exist: __dealloc__ walks n + 2 slots
         if not (0 <= n <= MAX_BLOCKS):
             raise ValueError(f"a store holds 0..{MAX_BLOCKS} blocks, not {n}")
         self.private = private
+        self.v33 = v33
+        if v33:
+            # Only the 0.33 line pays for the token counts.
+            self.ntok = <int64_t *> PyMem_Malloc(size * sizeof(int64_t))
+            if self.ntok == NULL:
+                raise MemoryError(f"cannot allocate the state of {n} blocks")
+            for i in range(size):
+                self.ntok[i] = NTOK_NONE
         self.prev = <int32_t *> PyMem_Malloc(size * sizeof(int32_t))
         self.next = <int32_t *> PyMem_Malloc(size * sizeof(int32_t))
         self.ref_cnt = <int32_t *> PyMem_Calloc(size, sizeof(int32_t))
@@ -105,6 +115,10 @@ cdef class _Store:
         if self.hash != NULL:
             for i in range(size):
                 Py_XDECREF(self.hash[i])
+        if self.private:
+            Py_XDECREF(self.pool)
+        self.pool = NULL
+        PyMem_Free(self.ntok)
         PyMem_Free(self.prev)
         PyMem_Free(self.next)
         PyMem_Free(self.ref_cnt)
@@ -125,7 +139,10 @@ cdef class _Store:
         for i in range(first, first + count):
             if self.objs[i] != NULL:
                 continue
-            b = KVCacheBlock.__new__(KVCacheBlock)
+            if self.v33:
+                b = KVCacheBlock33.__new__(KVCacheBlock33)
+            else:
+                b = KVCacheBlock.__new__(KVCacheBlock)
             b._st = <PyObject *> self
             b._idx = <int32_t> i
             b._bid = <int32_t> i if i < self.n else -1
@@ -163,13 +180,24 @@ cdef class _Store:
 
 
 cdef int _give_private_store(KVCacheBlock b, int32_t ref_cnt, uint8_t flags,
-                             PyObject *owned_hash) except -1:
+                             PyObject *owned_hash, int64_t ntok=NTOK_NONE,
+                             object pool=None) except -1:
     """Bind ``b`` to a one-block store of its own holding this state (the
     store takes over the reference ``owned_hash``, which may be NULL)."""
-    cdef _Store mine = _Store(1, True)
+    cdef _Store mine
+    try:
+        mine = _Store(1, True, type(b) is KVCacheBlock33)
+    except BaseException:
+        Py_XDECREF(owned_hash)
+        raise
     mine.ref_cnt[0] = ref_cnt
     mine.flags[0] = flags
     mine.hash[0] = owned_hash
+    if mine.v33:
+        mine.ntok[0] = ntok
+        if pool is not None:
+            Py_INCREF(pool)
+            mine.pool = <PyObject *> pool
     mine.objs[0] = <PyObject *> b  # borrowed: the block owns its private store
     mine.num_objs = 1
     Py_INCREF(mine)
@@ -182,7 +210,8 @@ cdef int _detach(KVCacheBlock b, _Store st, Py_ssize_t i) except -1:
     """Give ``b`` a private store with its last state (its store is dying)."""
     cdef PyObject *h = st.hash[i]
     st.hash[i] = NULL
-    return _give_private_store(b, st.ref_cnt[i], st.flags[i] & _NULL, h)
+    return _give_private_store(b, st.ref_cnt[i], st.flags[i] & _NULL, h,
+                               st.ntok[i] if st.ntok != NULL else NTOK_NONE)
 
 
 cdef inline Py_ssize_t _check_count(object n, str what) except -1:
@@ -233,9 +262,14 @@ cdef inline Py_ssize_t _index_in(_Store st, object o) except -1:
     cdef Py_ssize_t i = _index_in_or_none(st, o)
     if i >= 0:
         return i
-    if type(o) is not KVCacheBlock:
+    if not _is_block(o):
         raise TypeError(f"expected a KVCacheBlock, got {type(o).__name__}")
     raise ValueError(f"block {(<KVCacheBlock> o)._bid} does not belong to this pool")
+
+
+cdef inline bint _is_block(object o) noexcept:
+    """Exactly one of the two handle classes (two pointer compares)."""
+    return type(o) is KVCacheBlock or type(o) is KVCacheBlock33
 
 
 cdef inline _Store _live_store(KVCacheBlock b):
@@ -244,7 +278,6 @@ cdef inline _Store _live_store(KVCacheBlock b):
     return <_Store> b._st
 
 
-@cython.final
 @cython.no_gc
 cdef class KVCacheBlock:
     """Metadata of one KV-cache block (the tensors live on the GPU).
@@ -265,23 +298,8 @@ cdef class KVCacheBlock:
         next_free_block=None,
         is_null=False,
     ):
-        if self._st != NULL:
-            raise RuntimeError("KVCacheBlock is already initialised")
-        if isinstance(block_id, bool) or not isinstance(block_id, int):
-            raise TypeError(f"block_id must be an int, got {type(block_id).__name__}")
-        if not (-2**31 <= block_id < 2**31):
-            raise ValueError(f"block_id {block_id} is out of range [-2**31, 2**31)")
-        if prev_free_block is not None or next_free_block is not None:
-            raise ValueError("a new block cannot be linked to a free list")
-        _check_ref_cnt(ref_cnt)
-        if _block_hash is not None:
-            _check_hash(_block_hash)
-        cdef PyObject *h = NULL
-        if _block_hash is not None:
-            Py_INCREF(_block_hash)
-            h = <PyObject *> _block_hash
-        _give_private_store(self, ref_cnt, _NULL if is_null else 0, h)
-        self._bid = block_id
+        _init_standalone(self, block_id, ref_cnt, _block_hash, prev_free_block,
+                         next_free_block, is_null, NTOK_NONE, None)
 
     def __dealloc__(self):
         cdef _Store st
@@ -346,6 +364,8 @@ cdef class KVCacheBlock:
         cdef _Store st = _live_store(self)
         cdef PyObject *h = st.hash[self._idx]
         st.hash[self._idx] = NULL
+        if st.ntok != NULL:
+            st.ntok[self._idx] = NTOK_NONE
         Py_XDECREF(h)
 
     @property
@@ -373,6 +393,116 @@ cdef class KVCacheBlock:
 
     def __reduce__(self):
         raise TypeError("KVCacheBlock cannot be pickled: it is a view of its pool")
+
+
+@cython.final
+@cython.no_gc
+cdef class KVCacheBlock33(KVCacheBlock):
+    """A block of the vLLM 0.33 line (``kvpool.v0_33.KVCacheBlock``).
+
+    The same handle as ``KVCacheBlock`` with 0.33's additions: the number of
+    prefix tokens its hash covers (``block_hash_num_tokens``), the pool it
+    belongs to (``pool``), ``set_block_hash`` and 0.33's constructor and
+    ``repr``. A subclass rather than a flag, so that ``isinstance`` against
+    either line's class works and each line's repr is its release's.
+    """
+
+    def __init__(
+        self,
+        block_id,
+        ref_cnt=0,
+        _block_hash=None,
+        _block_hash_num_tokens=None,
+        prev_free_block=None,
+        next_free_block=None,
+        is_null=False,
+        *,
+        pool=None,
+    ):
+        _init_standalone(self, block_id, ref_cnt, _block_hash, prev_free_block,
+                         next_free_block, is_null, _check_ntok(_block_hash_num_tokens), pool)
+
+    @property
+    def block_hash_num_tokens(self):
+        cdef _Store st = _live_store(self)
+        cdef int64_t v = st.ntok[self._idx]
+        return None if v == NTOK_NONE else v
+
+    @property
+    def _block_hash_num_tokens(self):
+        return self.block_hash_num_tokens
+
+    @property
+    def pool(self):
+        """The pool this block belongs to (None for a standalone block, or
+        once its pool is gone)."""
+        cdef _Store st = _live_store(self)
+        return None if st.pool == NULL else <object> st.pool
+
+    def set_block_hash(self, block_hash, num_tokens=None):
+        """Give the block its (first) hash key and the number of prefix
+        tokens it covers; the block must have none yet."""
+        cdef _Store st = _live_store(self)
+        _check_hash(block_hash)
+        cdef int64_t ntok = _check_ntok(num_tokens)
+        if st.hash[self._idx] != NULL or st.ntok[self._idx] != NTOK_NONE:
+            raise RuntimeError(
+                f"block {self._bid} already has a hash; reset_hash() it first"
+            )
+        Py_INCREF(block_hash)
+        st.hash[self._idx] = <PyObject *> block_hash
+        st.ntok[self._idx] = ntok
+
+    def __repr__(self):
+        cdef _Store st = _live_store(self)
+        cdef int32_t p = st.prev[self._idx], nx = st.next[self._idx]
+        return (
+            f"KVCacheBlock(block_id={self._bid}, "
+            f"ref_cnt={st.ref_cnt[self._idx]}, "
+            f"_block_hash={self.block_hash!r}, "
+            f"_block_hash_num_tokens={self.block_hash_num_tokens}, "
+            f"prev_free_block={_neighbour_id(st, p)}, "
+            f"next_free_block={_neighbour_id(st, nx)})"
+        )
+
+
+cdef int _init_standalone(KVCacheBlock self, object block_id, object ref_cnt,
+                          object block_hash, object prev_free_block,
+                          object next_free_block, object is_null, int64_t ntok,
+                          object pool) except -1:
+    """Both lines' constructor: check everything, then give the block a
+    private store with this state."""
+    if self._st != NULL:
+        raise RuntimeError("KVCacheBlock is already initialised")
+    if isinstance(block_id, bool) or not isinstance(block_id, int):
+        raise TypeError(f"block_id must be an int, got {type(block_id).__name__}")
+    if not (-2**31 <= block_id < 2**31):
+        raise ValueError(f"block_id {block_id} is out of range [-2**31, 2**31)")
+    if prev_free_block is not None or next_free_block is not None:
+        raise ValueError("a new block cannot be linked to a free list")
+    _check_ref_cnt(ref_cnt)
+    cdef PyObject *h = NULL
+    if block_hash is not None:
+        _check_hash(block_hash)
+        Py_INCREF(block_hash)
+        h = <PyObject *> block_hash
+    _give_private_store(self, ref_cnt, _NULL if is_null else 0, h, ntok, pool)
+    self._bid = block_id
+    return 0
+
+
+cdef inline int64_t _check_ntok(object value) except? -1:
+    """A ``num_tokens`` argument: None, or an int that fits int64."""
+    cdef int overflow = 0
+    cdef long long v
+    if value is None:
+        return NTOK_NONE
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"num_tokens must be an int or None, got {type(value).__name__}")
+    v = PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow or v == NTOK_NONE:
+        raise OverflowError(f"num_tokens {value} does not fit in 64 bits")
+    return v
 
 
 cdef object _neighbour_id(_Store st, int32_t i):
@@ -427,10 +557,13 @@ cdef class FreeKVCacheBlockQueue:
         if n > MAX_BLOCKS:
             raise ValueError(f"too many blocks: {n} > {MAX_BLOCKS}")
         seen = set()
+        cls = type(<object> PySequence_Fast_GET_ITEM(seq, 0)) if n else KVCacheBlock
         for i in range(n):
             o = <object> PySequence_Fast_GET_ITEM(seq, i)
-            if not isinstance(o, KVCacheBlock):
+            if not _is_block(o):
                 raise TypeError(f"expected a KVCacheBlock, got {type(o).__name__}")
+            if type(o) is not cls:
+                raise TypeError("blocks of the 0.15 and the 0.33 line cannot share a queue")
             b = <KVCacheBlock> o
             if b._st == NULL:
                 raise RuntimeError("KVCacheBlock was not initialised")
@@ -439,7 +572,7 @@ cdef class FreeKVCacheBlockQueue:
             if id(b) in seen:
                 raise ValueError(f"block {b._bid} appears twice")
             seen.add(id(b))
-        st = _Store(n)
+        st = _Store(n, False, cls is KVCacheBlock33)
         st.owned = True
         for i in range(n):
             b = <KVCacheBlock> PySequence_Fast_GET_ITEM(seq, i)
@@ -448,6 +581,8 @@ cdef class FreeKVCacheBlockQueue:
             st.flags[i] = old.flags[0]
             st.hash[i] = old.hash[0]
             old.hash[0] = NULL
+            if st.v33:
+                st.ntok[i] = old.ntok[0]
             old.objs[0] = NULL
             Py_INCREF(b)
             st.objs[i] = <PyObject *> b
@@ -507,7 +642,28 @@ cdef class FreeKVCacheBlockQueue:
     def append_n(self, blocks):
         """Put ``blocks`` at the tail, in order."""
         cdef object seq = PySequence_Fast(blocks, "blocks must be a sequence of KVCacheBlock")
-        _append_n(self.st, seq)
+        _link_n(self.st, seq, False)
+
+    def prepend_n(self, blocks):
+        """Put ``blocks`` at the head, in order: ``blocks[0]`` is evicted
+        first (vLLM 0.33 frees blocks that cannot be a prefix hit this way)."""
+        cdef object seq = PySequence_Fast(blocks, "blocks must be a sequence of KVCacheBlock")
+        _link_n(self.st, seq, True)
+
+    def iter_blocks_after(self, cursor):
+        """The free blocks after ``cursor`` (a block of this queue or a
+        sentinel; None: from the head), in eviction order. Lazy: each step
+        follows the cursor's link as it is then; a cursor that is no longer
+        queued ends the walk."""
+        cdef _Store st = self.st
+        cdef Py_ssize_t i
+        if cursor is None:
+            i = st.next[st.n]
+        else:
+            if not _is_block(cursor) or (<KVCacheBlock> cursor)._st != <PyObject *> st:
+                _index_in(st, cursor)  # raises the precise error
+            i = st.next[(<KVCacheBlock> cursor)._idx]
+        return _iter_after(self, i)
 
     def get_all_free_blocks(self):
         """The free blocks from head to tail."""
@@ -524,7 +680,8 @@ cdef class FreeKVCacheBlockQueue:
 
 
 cdef list _popleft_n(_Store st, Py_ssize_t k, bint allocate=False,
-                     bint evict=False, BlockHashToBlockMap cache=None, list removed=None):
+                     bint evict=False, BlockHashToBlockMap cache=None, list removed=None,
+                     dict by_block=None):
     """Pop ``k <= num_free`` blocks from the head, in one walk and with no
     per-block Python call. With ``allocate`` each popped block gets
     ``ref_cnt = 1`` and, with ``evict``, loses its cached hash (the evicted
@@ -547,8 +704,8 @@ cdef list _popleft_n(_Store st, Py_ssize_t k, bint allocate=False,
         PyList_SET_ITEM(ret, j, <object> o)
         if allocate:
             st.ref_cnt[i] = 1
-            if evict and st.hash[i] != NULL:  # the common case, a block with no hash, stays inline
-                _evict_one(st, cache, i, removed)
+            if evict and (st.hash[i] != NULL or by_block):  # a block with no hash stays inline
+                _evict_one(st, cache, i, removed, by_block)
         nx = st.next[i]
         st.prev[i] = -1
         st.next[i] = -1
@@ -560,24 +717,34 @@ cdef list _popleft_n(_Store st, Py_ssize_t k, bint allocate=False,
 
 
 cdef list _allocate(_Store st, object num_blocks, bint evict,
-                    BlockHashToBlockMap cache, list removed):
+                    BlockHashToBlockMap cache, list removed, dict by_block):
     """get_new_blocks' work: check the count, then pop and allocate."""
     cdef Py_ssize_t k = _check_count(num_blocks, "num_blocks")
     if k > st.num_free:
         raise ValueError(
             f"Cannot get {k} free blocks from the pool ({st.num_free} free)"
         )
-    return _popleft_n(st, k, True, evict, cache, removed)
+    return _popleft_n(st, k, True, evict, cache, removed, by_block)
 
 
-cdef int _append_n(_Store st, object seq) except -1:
-    """Link every block of ``seq`` (a PySequence_Fast) at the tail, in one
-    pass; if a block is foreign, already queued or repeated, the run linked
-    so far is cut off again and nothing has changed."""
+def _iter_after(FreeKVCacheBlockQueue q, Py_ssize_t i):
+    # A generator over the store's links; `q` keeps the store alive.
+    cdef _Store st = q.st
+    while 0 <= i < st.n:
+        yield st.block(i)
+        i = st.next[i]
+
+
+cdef int _link_n(_Store st, object seq, bint front) except -1:
+    """Link every block of ``seq`` (a PySequence_Fast) in order at the tail
+    (or, with ``front``, at the head), in one pass; if a block is foreign,
+    already queued or repeated, the run linked so far is cut off again and
+    nothing has changed."""
     cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), j, i, bad = -1
     cdef PyObject **items = PySequence_Fast_ITEMS(seq)
     cdef int32_t tail = <int32_t> (st.n + 1)
-    cdef int32_t last0 = st.prev[tail], last = last0
+    cdef int32_t last0 = <int32_t> st.n if front else st.prev[tail], last = last0
+    cdef int32_t after = st.next[last0]  # the tail, unless prepending
     cdef uint32_t ep = st.new_epoch()
     for j in range(n):
         i = _index_in_or_none(st, <object> items[j])
@@ -593,14 +760,14 @@ cdef int _append_n(_Store st, object seq) except -1:
             i = (<KVCacheBlock> items[j])._idx
             st.prev[i] = -1
             st.next[i] = -1
-        st.next[last0] = tail
+        st.next[last0] = after
         o = <object> items[bad]
         i = _index_in(st, o)  # raises for a foreign block
         if st.stamp[i] == ep:
             raise ValueError(f"block {(<KVCacheBlock> o)._bid} appears twice")
         raise ValueError(f"block {(<KVCacheBlock> o)._bid} is already in the free queue")
-    st.next[last] = tail
-    st.prev[tail] = last
+    st.next[last] = after
+    st.prev[after] = last
     st.num_free += n
     return 0
 
@@ -912,10 +1079,49 @@ cdef class BlockHashToBlockMap:
             return True
         return False
 
+    cdef bint slot_has_id(self, Py_ssize_t j, int32_t block_id) noexcept:
+        """Whether slot ``j`` (-1: absent) holds a block with this id."""
+        cdef PyObject *v
+        cdef PyObject *k
+        cdef PyObject *b
+        cdef Py_ssize_t pos = 0
+        if j < 0:
+            return False
+        v = self.vals[j]
+        if _is_dict_exact(v):
+            while PyDict_Next(<object> v, &pos, &k, &b):
+                if (<KVCacheBlock> b)._bid == block_id:
+                    return True
+            return False
+        return (<KVCacheBlock> v)._bid == block_id
+
     def get_one_block(self, key):
         """The earliest-inserted block cached under ``key``, or ``None``."""
         _check_key(key)
         return self.first_at(self.find_key(key))
+
+    def contain(self, key, block_id):
+        """Whether the block ``block_id`` is cached under ``key``."""
+        _check_key(key)
+        cdef Py_ssize_t j = self.find_key(key)
+        if j < 0:
+            return False
+        v = <object> self.vals[j]
+        if type(v) is dict:
+            return block_id in <dict> v
+        return (<KVCacheBlock> v)._bid == block_id
+
+    @property
+    def _cache(self):
+        """A snapshot of the table as vLLM's dict: key -> block, or ->
+        ``{block_id: block}`` (in insertion order) for a shared key."""
+        cdef Py_ssize_t j
+        ret = {}
+        for j in range(self.cap):
+            if self.keys[j] != NULL:
+                v = <object> self.vals[j]
+                ret[<object> self.keys[j]] = dict(v) if type(v) is dict else v
+        return ret
 
     def insert(self, key, block):
         """Cache ``block`` under ``key`` (after any block already there)."""
@@ -956,8 +1162,10 @@ cdef class PoolCore:
                 f"num_gpu_blocks must be in [1, {MAX_BLOCKS}], got {num_gpu_blocks}"
             )
         n = num_gpu_blocks
-        st = _Store(n)
+        # The facade says which vLLM line it serves (kvpool.v0_33 sets 33).
+        st = _Store(n, False, getattr(type(self), "_kvpool_line", 15) == 33)
         st.owned = True
+        st.pool = <PyObject *> self  # borrowed: cleared in __dealloc__
         # Block 0 is the null block: never in the queue.
         st.flags[0] = _NULL
         for i in range(1, n):
@@ -977,9 +1185,28 @@ cdef class PoolCore:
         self._queue = _queue_over(st)
         self._map = BlockHashToBlockMap()
         self._blocks = None
+        self._by_block = {}
+        self._watchers = {}
+
+    def __dealloc__(self):
+        # The queue may keep the store alive: its blocks' `pool` must not
+        # point at a dead pool.
+        if self.st is not None:
+            self.st.pool = NULL
 
     def __init__(self, num_gpu_blocks, *args, **kwargs):
         pass  # everything is done in __cinit__
+
+    @property
+    def cached_block_hashes_by_block(self):
+        """0.33: ``{block_id: set of hash keys}``, the keys a block is cached
+        under besides its ``block_hash`` (partial-block entries)."""
+        return self._by_block
+
+    @property
+    def _reuse_watchers(self):
+        """0.33: ``{block_id: callback}`` of ``unpin_blocks``."""
+        return self._watchers
 
     # The facade's settings live in C fields, so that get_new_blocks and
     # touch can take their fast path (no events, no metrics) without a
@@ -1037,9 +1264,9 @@ cdef class PoolCore:
         """Pop ``num_blocks`` blocks from the head of the free queue (least
         recently freed first), evicting their cached hashes when caching is
         on, each with ``ref_cnt == 1``. Does not look in the cache."""
-        if self._events or self._collector:
+        if self._events or self._collector or self._watchers:
             return self._get_new_blocks_with_hooks(num_blocks)
-        return _allocate(self.st, num_blocks, self._caching, self._map, None)
+        return _allocate(self.st, num_blocks, self._caching, self._map, None, self._by_block)
 
     def touch(self, blocks):
         """Take a reference on each block of a prefix-cache hit; a free
@@ -1188,6 +1415,7 @@ cdef class PoolCore:
         Null blocks are skipped."""
         cdef object seq
         cdef Py_ssize_t idx
+        cdef bint v33 = self.st.v33
         if type(ordered_blocks) is _ListReverseIterator:
             # `reversed(req_blocks)`, what the engine passes: walk the list
             # backwards in place instead of copying it. The iterator's list
@@ -1201,18 +1429,84 @@ cdef class PoolCore:
             idx = state[2]
             if type(seq) is not list or idx < 0 or idx >= PyList_GET_SIZE(seq):
                 return  # as iterating it would have ended at once
-            _free(self.st, PySequence_Fast_ITEMS(seq) + idx, idx + 1, -1)
+            if v33:
+                _free33(self, PySequence_Fast_ITEMS(seq) + idx, idx + 1, -1)
+            else:
+                _free(self.st, PySequence_Fast_ITEMS(seq) + idx, idx + 1, -1)
             return
         seq = PySequence_Fast(ordered_blocks, "ordered_blocks must be iterable")
-        _free(self.st, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq), 1)
+        if v33:
+            _free33(self, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq), 1)
+        else:
+            _free(self.st, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq), 1)
 
     def _allocate(self, num_blocks, bint evict, list removed):
-        return _allocate(self.st, num_blocks, evict, self._map, removed)
+        return _allocate(self.st, num_blocks, evict, self._map, removed, self._by_block)
 
     def _evict_block(self, block, list removed):
         cdef _Store st = self.st
         cdef Py_ssize_t i = _index_in(st, block)
-        return _evict_one(st, self._map, i, removed)
+        return _evict_one(st, self._map, i, removed, self._by_block)
+
+    def _claim(self, blocks, bint evict, list removed):
+        """0.33's get_new_blocks after the pop (and the reuse watchers):
+        each block, just popped from the queue, loses its hash keys if
+        ``evict`` (the removed keys go to ``removed``) and gets
+        ``ref_cnt == 1``. All blocks are checked first."""
+        cdef _Store st = self.st
+        cdef object seq = PySequence_Fast(blocks, "blocks must be a sequence of KVCacheBlock")
+        cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), j, i
+        cdef uint32_t ep = st.new_epoch()
+        for j in range(n):
+            o = <object> PySequence_Fast_GET_ITEM(seq, j)
+            i = _index_in(st, o)
+            if st.prev[i] >= 0 or st.ref_cnt[i] != 0 or st.flags[i] & _NULL:
+                raise ValueError(f"block {(<KVCacheBlock> o)._bid} is not a block just "
+                                 "taken from the free queue (it is queued, in use or null)")
+            if st.stamp[i] == ep:
+                raise ValueError(f"block {(<KVCacheBlock> o)._bid} appears twice")
+            st.stamp[i] = ep
+        for j in range(n):
+            i = (<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx
+            if evict:
+                _evict_one(st, self._map, i, removed, self._by_block)
+            st.ref_cnt[i] = 1
+
+    def _unpin(self, blocks):
+        """0.33's unpin_blocks without the watchers: drop one reference per
+        appearance of each block; those reaching 0 go to the queue's tail
+        (whatever their hash), in the order of the appearance that released
+        them. The null block and more appearances than references are
+        refused; a call that raises has changed nothing."""
+        cdef _Store st = self.st
+        cdef object seq = PySequence_Fast(blocks, "blocks must be a sequence of KVCacheBlock")
+        cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), j, i, done = 0
+        cdef uint32_t ep
+        for j in range(n):
+            i = _index_in(st, <object> PySequence_Fast_GET_ITEM(seq, j))
+            if st.flags[i] & _NULL:
+                raise ValueError("the null block cannot be unpinned")
+        while done < n:
+            i = (<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, done))._idx
+            if st.ref_cnt[i] <= 0:
+                for j in range(done):
+                    st.ref_cnt[(<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx] += 1
+                raise ValueError(
+                    f"block {(<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, done))._bid} is "
+                    "unpinned with ref_cnt 0 (more appearances than references?)")
+            st.ref_cnt[i] -= 1
+            done += 1
+        released = []
+        ep = st.new_epoch()
+        for j in range(n - 1, -1, -1):
+            o = <object> PySequence_Fast_GET_ITEM(seq, j)
+            i = (<KVCacheBlock> o)._idx
+            if st.ref_cnt[i] == 0 and st.prev[i] < 0 and st.stamp[i] != ep:
+                st.stamp[i] = ep
+                released.append(o)
+        released.reverse()
+        _link_n(st, released, False)  # cannot fail: checked above
+        return seq
 
     def _evict_block_ids(self, list block_ids, list removed):
         cdef _Store st = self.st
@@ -1225,7 +1519,7 @@ cdef class PoolCore:
                     f"Invalid block_id {block_id}: the pool has blocks 0..{st.n - 1}"
                 )
         for block_id in block_ids:
-            _evict_one(st, cache, block_id, removed)
+            _evict_one(st, cache, block_id, removed, self._by_block)
 
     def _touch(self, blocks):
         cdef object seq = PySequence_Fast(blocks, "blocks must be a sequence of KVCacheBlock")
@@ -1307,21 +1601,126 @@ cdef class PoolCore:
             if stored is not None:
                 PyList_Append(stored, <object> h)
 
+    def _cache_blocks33(self, blocks, start, stop, block_hashes, Py_ssize_t scale,
+                        group_id, block_size, block_mask, list removed, list stored):
+        """vLLM 0.33's cache_full_blocks without the events: cache
+        ``blocks[start:stop]`` (null and masked-out blocks skipped), block
+        ``start + j`` under hash ``start + j`` of the ``block_size`` view of
+        ``block_hashes`` -- with ``scale > 1`` the raw list's hash at index
+        ``(start + j + 1) * scale - 1`` -- covering ``(start + j + 1) *
+        block_size`` tokens. A block that already has a hash covering fewer
+        tokens is promoted: its keys are removed first (into ``removed``).
+        The bare hashes cached go to ``stored``. All is checked first."""
+        cdef _Store st = self.st
+        cdef Py_ssize_t off, n, j, i, hidx, bs
+        cdef uint32_t gid, ep
+        cdef int64_t nt
+        cdef list mask = None
+        if start >= stop:
+            return
+        if start < 0:
+            raise ValueError(f"num_cached_blocks must be >= 0, got {start}")
+        gid = _check_group(group_id)
+        bs = _check_count(block_size, "block_size")
+        if bs == 0:
+            raise ValueError("block_size must be >= 1")
+        if scale < 1:
+            raise ValueError(f"scale must be >= 1, got {scale}")
+        seq = PySequence_Fast(blocks[start:stop], "blocks must be a sequence")
+        n = PySequence_Fast_GET_SIZE(seq)
+        if block_mask is not None:
+            mask = [bool(x) for x in block_mask]
+            if len(mask) != n:
+                raise ValueError(
+                    f"block_mask has {len(mask)} entries for {n} new full blocks"
+                )
+        if PyList_CheckExact(block_hashes):
+            hl = block_hashes
+            off = start
+        else:
+            if scale != 1:
+                raise TypeError("block_hashes must be a list when scale > 1")
+            hl = list(block_hashes[start:stop])
+            off = 0
+        if PyList_GET_SIZE(hl) // scale < off + n:
+            raise ValueError(
+                f"the request has {PyList_GET_SIZE(hl) // scale} block hashes at this "
+                f"block size, {start + n} are needed to cache blocks up to {start + n}"
+            )
+        ep = st.new_epoch()
+        for j in range(n):
+            o = <object> PySequence_Fast_GET_ITEM(seq, j)
+            i = _index_in(st, o)
+            if st.flags[i] & _NULL or (mask is not None and not mask[j]):
+                continue
+            nt = <int64_t> (start + j + 1) * bs
+            if st.hash[i] != NULL and (st.ntok[i] == NTOK_NONE or st.ntok[i] >= nt):
+                raise RuntimeError(
+                    f"block {(<KVCacheBlock> o)._bid} already has a hash covering "
+                    f"{self_ntok(st, i)} tokens; only a partial block covering fewer "
+                    f"than {nt} can be promoted"
+                )
+            _check_hash(<object> PyList_GET_ITEM(hl, (off + j + 1) * scale - 1))
+            if st.stamp[i] == ep:
+                raise ValueError(f"block {(<KVCacheBlock> o)._bid} appears twice")
+            st.stamp[i] = ep
+        cdef BlockHashToBlockMap cache = self._map
+        cdef PyObject *h
+        cdef const char *p
+        cdef Py_ssize_t size, slot
+        cdef uint64_t hv
+        for j in range(n):
+            b = <KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j)
+            i = b._idx
+            if st.flags[i] & _NULL or (mask is not None and not mask[j]):
+                continue
+            if st.hash[i] != NULL:  # partial -> full promotion
+                _evict33(st, cache, i, removed, self._by_block)
+            h = PyList_GET_ITEM(hl, (off + j + 1) * scale - 1)
+            p = _bytes_str(h)
+            size = _bytes_size(h)
+            hv = _hash_parts(p, size, gid)
+            slot = cache.find(p, size, gid, hv)
+            if not cache.slot_has_id(slot, b._bid):
+                key = _make_key(<object> h, gid)
+                cache._insert(key, slot, hv, b)
+                Py_INCREF(key)
+                st.hash[i] = <PyObject *> key
+                st.ntok[i] = <int64_t> (start + j + 1) * bs
+            if stored is not None:
+                PyList_Append(stored, <object> h)
+
     def _reset_cache(self):
+        """Forget every hash key (a new, empty map); only when no block but
+        the null block is in use."""
+        if self.st.n - self.st.num_free != 1:
+            return False
+        self._map = BlockHashToBlockMap()
+        self._reset_hashes()
+        return True
+
+    def _clear_map(self):
+        """Give the pool a new, empty map (0.33's reset does this before it
+        fires the reuse watchers, and resets the blocks' hashes after)."""
+        self._map = BlockHashToBlockMap()
+
+    def _reset_hashes(self):
         cdef _Store st = self.st
         cdef Py_ssize_t i
         cdef PyObject *h
-        if st.n - st.num_free != 1:
-            return False
         for i in range(st.n + 2):
             h = st.hash[i]
             st.hash[i] = NULL
+            if st.ntok != NULL:
+                st.ntok[i] = NTOK_NONE
             Py_XDECREF(h)
-        self._map = BlockHashToBlockMap()
-        return True
 
 
 cdef object _ListReverseIterator = type(reversed([]))
+
+
+cdef object self_ntok(_Store st, Py_ssize_t i):
+    return None if st.ntok[i] == NTOK_NONE else st.ntok[i]
 
 
 cdef int _free(_Store st, PyObject **items, Py_ssize_t n, Py_ssize_t stride) except -1:
@@ -1376,7 +1775,7 @@ cdef int _free(_Store st, PyObject **items, Py_ssize_t n, Py_ssize_t stride) exc
 cdef inline Py_ssize_t _index_in_or_none(_Store st, object o):
     """Like _index_in, but -1 instead of raising (for check-then-undo loops)."""
     cdef KVCacheBlock b
-    if type(o) is not KVCacheBlock:
+    if not _is_block(o):
         return -1
     b = <KVCacheBlock> o
     if b._st != <PyObject *> st or b._idx >= st.n:
@@ -1394,10 +1793,12 @@ cdef int _raise_free_error(_Store st, object o, str problem) except -1:
 
 
 cdef inline bint _evict_one(_Store st, BlockHashToBlockMap cache, Py_ssize_t i,
-                            list removed) except -1:
+                            list removed, dict by_block=None) except -1:
     """Drop block ``i``'s hash from ``cache`` and from the block; the key goes
-    to ``removed``. False (hash kept, as vLLM) when the map does not hold the
-    block under it. A block without a handle cannot be in the map."""
+    to ``removed``. False (hash kept, as vLLM 0.15) when the map does not hold
+    the block under it. A block without a handle cannot be in the map."""
+    if st.v33:
+        return _evict33(st, cache, i, removed, by_block)
     cdef PyObject *h = st.hash[i]
     if h == NULL or st.objs[i] == NULL:
         return False
@@ -1408,6 +1809,163 @@ cdef inline bint _evict_one(_Store st, BlockHashToBlockMap cache, Py_ssize_t i,
         PyList_Append(removed, <object> h)
     Py_DECREF(<object> h)
     return True
+
+
+cdef bint _evict33(_Store st, BlockHashToBlockMap cache, Py_ssize_t i,
+                   list removed, dict by_block) except -1:
+    """vLLM 0.33's eviction of block ``i``: every key it is cached under (its
+    ``block_hash`` first, then its further keys) is popped from ``cache``;
+    the keys actually removed go to ``removed``; the block's hash and token
+    count are reset whenever it had a key. True if any key was removed."""
+    cdef PyObject *h = st.hash[i]
+    cdef object extra = None, bid = None
+    cdef bint any_removed = False
+    cdef KVCacheBlock b
+    if by_block:
+        bid = (<KVCacheBlock> st.objs[i])._bid if st.objs[i] != NULL else i
+        extra = by_block.get(bid)
+        if extra is not None:
+            extra = tuple(extra)  # may raise: nothing has changed yet
+            del by_block[bid]
+    if h == NULL and not extra:
+        return False
+    b = <KVCacheBlock> st.objs[i] if st.objs[i] != NULL else None
+    if h != NULL:
+        if b is not None and cache.pop_block(<bytes> h, b):
+            any_removed = True
+            if removed is not None:
+                PyList_Append(removed, <object> h)
+    if extra:
+        for key in extra:
+            # A key that is not bytes cannot be in the map (vLLM's dict
+            # pop would find nothing either).
+            if b is not None and PyBytes_Check(key) and cache.pop_block(<bytes> key, b):
+                any_removed = True
+                if removed is not None:
+                    PyList_Append(removed, key)
+    st.hash[i] = NULL
+    st.ntok[i] = NTOK_NONE
+    Py_XDECREF(h)
+    return any_removed
+
+
+cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t stride) except -1:
+    """vLLM 0.33's free_blocks over ``items[0], items[stride], ...``: null
+    blocks are skipped; blocks of another pool are handed to that pool's
+    ``free_blocks`` afterwards (grouped by pool, in order of appearance);
+    this pool's blocks lose one reference per appearance (a block may appear
+    as often as it holds references: vLLM frees the copy-on-write sources of
+    several requests in one call), and those reaching 0 go to the queue's
+    head if they have no hash (or caching is off) -- they can never be a
+    prefix hit, so they are reused first -- else to its tail (LRU), in the
+    order of the appearance that released them. A call that raises has
+    changed nothing."""
+    cdef _Store st = pool.st
+    cdef Py_ssize_t j, i, done = 0
+    cdef bint caching = pool._caching
+    cdef int32_t head = <int32_t> st.n, tail = <int32_t> (st.n + 1)
+    cdef int32_t f_first = -1, f_last = -1, l_first = -1, l_last = -1, p
+    cdef Py_ssize_t nfirst = 0, nlast = 0
+    cdef dict others = None
+    cdef PyObject *o
+    cdef object bad = None
+    # 1. Check and decrement in one pass; on a bad block, undo.
+    while done < n:
+        o = items[done * stride]
+        i = _index_in_or_none(st, <object> o)
+        if i < 0:
+            if not _null_elsewhere(<object> o):
+                other = _pool_of(<object> o)
+                if other is None or other is pool:
+                    bad = <object> o  # not this pool's block
+                    break
+                if others is None:
+                    others = {}
+                group = others.get(other)
+                if group is None:
+                    others[other] = group = []
+                PyList_Append(group, <object> o)
+        elif not (st.flags[i] & _NULL):
+            if st.ref_cnt[i] <= 0:
+                bad = <object> o
+                break
+            st.ref_cnt[i] -= 1
+        done += 1
+    if bad is not None:
+        for j in range(done):
+            i = _index_in_or_none(st, <object> items[j * stride])
+            if i >= 0 and not (st.flags[i] & _NULL):
+                st.ref_cnt[i] += 1
+        if _index_in_or_none(st, bad) < 0:
+            _index_in(st, bad)  # raises: not this pool's block
+        raise ValueError(f"block {(<KVCacheBlock> bad)._bid} is freed with ref_cnt 0 "
+                         "(double free, or more appearances than references?)")
+    # 2. Link the released blocks at their last appearance: walk backwards,
+    # growing two detached runs at their fronts ("first" goes after the
+    # head, "last" before the tail); a linked block has prev >= 0, so its
+    # earlier appearances are passed over, and so is a block that was
+    # queued already (its ref_cnt written from outside).
+    for j in range(n - 1, -1, -1):
+        i = _index_in_or_none(st, <object> items[j * stride])
+        if i < 0 or st.flags[i] & _NULL or st.ref_cnt[i] != 0 or st.prev[i] >= 0:
+            continue
+        if st.hash[i] == NULL or not caching:
+            if nfirst:
+                st.prev[f_first] = <int32_t> i
+                st.next[i] = f_first
+            else:
+                f_last = <int32_t> i
+            f_first = <int32_t> i
+            st.prev[i] = head  # provisional; also marks it linked
+            nfirst += 1
+        else:
+            if nlast:
+                st.prev[l_first] = <int32_t> i
+                st.next[i] = l_first
+            else:
+                l_last = <int32_t> i
+            l_first = <int32_t> i
+            st.prev[i] = tail
+            nlast += 1
+    if nlast:
+        p = st.prev[tail]
+        st.next[p] = l_first
+        st.prev[l_first] = p
+        st.next[l_last] = tail
+        st.prev[tail] = l_last
+    if nfirst:
+        p = st.next[head]
+        st.next[head] = f_first
+        st.prev[f_first] = head
+        st.next[f_last] = p
+        st.prev[p] = f_last
+    st.num_free += nfirst + nlast
+    if others is not None:
+        for other, group in others.items():
+            other.free_blocks(group)
+    return 0
+
+
+cdef inline bint _null_elsewhere(object o) except -1:
+    """A null block not of this pool: skipped, as vLLM skips every null block
+    before it looks at the block's pool."""
+    if _is_block(o):
+        if (<KVCacheBlock> o)._st == NULL:
+            raise RuntimeError("KVCacheBlock was not initialised")
+        return (<_Store> (<KVCacheBlock> o)._st).flags[(<KVCacheBlock> o)._idx] & _NULL
+    return bool(getattr(o, "is_null", False))
+
+
+cdef object _pool_of(object o):
+    """The pool of a block of another pool: a kvpool block's pool, or the
+    ``pool`` attribute of a vLLM block; None if it has none."""
+    cdef _Store st
+    if _is_block(o):
+        st = <_Store> (<KVCacheBlock> o)._st
+        return None if st.pool == NULL else <object> st.pool
+    if not hasattr(o, "block_id"):
+        raise TypeError(f"expected a KVCacheBlock, got {type(o).__name__}")
+    return getattr(o, "pool", None)
 
 
 def _seed_hash():

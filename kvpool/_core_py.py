@@ -30,11 +30,17 @@ cost (almost) nothing per block:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any
 
-__all__ = ["KVCacheBlock", "FreeKVCacheBlockQueue", "BlockHashToBlockMap", "PoolCore"]
+__all__ = [
+    "KVCacheBlock",
+    "KVCacheBlock33",
+    "FreeKVCacheBlockQueue",
+    "BlockHashToBlockMap",
+    "PoolCore",
+]
 
 _INT32_MIN = -(2**31)
 _INT32_MAX = 2**31 - 1
@@ -128,6 +134,8 @@ class KVCacheBlock:
         self._next: KVCacheBlock | None = None
         self._is_null = bool(is_null)
         self._owner: object | None = None
+        self._ntok: int | None = None
+        self._pool: Any = None
 
     @property
     def block_id(self) -> int:
@@ -172,6 +180,7 @@ class KVCacheBlock:
     def reset_hash(self) -> None:
         """Forget the hash key (the block was evicted from the prefix cache)."""
         self._hash = None
+        self._ntok = None
 
     @property
     def prev_free_block(self) -> KVCacheBlock | None:
@@ -200,8 +209,76 @@ class KVCacheBlock:
         )
 
 
-def _make_sentinel() -> KVCacheBlock:
-    block = KVCacheBlock(-1)
+def _check_ntok(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"num_tokens must be an int or None, got {type(value).__name__}")
+    if not -(2**63) < value < 2**63:
+        raise OverflowError(f"num_tokens {value} does not fit in 64 bits")
+    return int(value)
+
+
+class KVCacheBlock33(KVCacheBlock):
+    """A block of the vLLM 0.33 line: ``KVCacheBlock`` plus the number of
+    prefix tokens its hash covers, its pool, ``set_block_hash`` and 0.33's
+    constructor and ``repr`` (as the compiled core's subclass)."""
+
+    def __init__(
+        self,
+        block_id: int,
+        ref_cnt: int = 0,
+        _block_hash: bytes | None = None,
+        _block_hash_num_tokens: int | None = None,
+        prev_free_block: None = None,
+        next_free_block: None = None,
+        is_null: bool = False,
+        *,
+        pool: Any = None,
+    ) -> None:
+        ntok = _check_ntok(_block_hash_num_tokens)
+        super().__init__(block_id, ref_cnt, _block_hash, prev_free_block, next_free_block, is_null)
+        self._ntok = ntok
+        self._pool = pool
+
+    @property
+    def block_hash_num_tokens(self) -> int | None:
+        return self._ntok
+
+    @property
+    def _block_hash_num_tokens(self) -> int | None:
+        return self._ntok
+
+    @property
+    def pool(self) -> Any:
+        return self._pool
+
+    def set_block_hash(self, block_hash: bytes, num_tokens: int | None = None) -> None:
+        """Give the block its (first) hash key and the number of prefix tokens
+        it covers; the block must have none yet."""
+        _check_hash(block_hash, "block_hash")
+        ntok = _check_ntok(num_tokens)
+        if self._hash is not None or self._ntok is not None:
+            raise RuntimeError(
+                f"block {self._block_id} already has a hash; reset_hash() it first"
+            )
+        self._hash = block_hash
+        self._ntok = ntok
+
+    def __repr__(self) -> str:
+        prev, next_ = self.prev_free_block, self._next
+        return (
+            f"KVCacheBlock(block_id={self._block_id}, "
+            f"ref_cnt={self._ref_cnt}, "
+            f"_block_hash={self._hash!r}, "
+            f"_block_hash_num_tokens={self._ntok}, "
+            f"prev_free_block={None if prev is None else prev._block_id}, "
+            f"next_free_block={None if next_ is None else next_._block_id})"
+        )
+
+
+def _make_sentinel(cls: type = KVCacheBlock) -> KVCacheBlock:
+    block = cls(-1)
     block._owner = _SENTINEL
     return block
 
@@ -224,18 +301,21 @@ class FreeKVCacheBlockQueue:
             raise RuntimeError("FreeKVCacheBlockQueue is already initialised")
         blocks = list(blocks)
         seen: set[int] = set()
+        cls = type(blocks[0]) if blocks else KVCacheBlock
         for block in blocks:
             if not isinstance(block, KVCacheBlock):
                 raise TypeError(
                     f"FreeKVCacheBlockQueue: expected KVCacheBlocks, got {type(block).__name__}"
                 )
+            if type(block) is not cls:
+                raise TypeError("blocks of the 0.15 and the 0.33 line cannot share a queue")
             if block._owner is not None:
                 kind = "a free-queue sentinel" if block._owner is _SENTINEL else "already owned"
                 raise ValueError(f"FreeKVCacheBlockQueue: block {block._block_id} is {kind}")
             if id(block) in seen:
                 raise ValueError(f"FreeKVCacheBlockQueue: block {block._block_id} given twice")
             seen.add(id(block))
-        tok = self._init_empty()
+        tok = self._init_empty(cls)
         last = self._head
         for block in blocks:
             block._owner = tok
@@ -245,16 +325,19 @@ class FreeKVCacheBlockQueue:
         self._close(last, len(blocks))
 
     @classmethod
-    def _for_pool(cls, num_blocks: int) -> tuple[FreeKVCacheBlockQueue, list[KVCacheBlock]]:
-        """A queue of new blocks ``0..num_blocks-1``, made and linked in one
-        walk without the constructor's checks (they cannot fail here)."""
+    def _for_pool(
+        cls, num_blocks: int, block_cls: type = KVCacheBlock, pool: Any = None
+    ) -> tuple[FreeKVCacheBlockQueue, list[KVCacheBlock]]:
+        """A queue of new blocks ``0..num_blocks-1`` (of ``block_cls``, whose
+        ``pool`` is ``pool``), made and linked in one walk without the
+        constructor's checks (they cannot fail here)."""
         self = cls.__new__(cls)
-        tok = self._init_empty()
+        tok = self._init_empty(block_cls)
         new = object.__new__
         blocks = []
         last = self._head
         for block_id in range(num_blocks):
-            block = new(KVCacheBlock)
+            block = new(block_cls)
             block._block_id = block_id
             block._ref_cnt = 0
             block._hash = None
@@ -262,16 +345,18 @@ class FreeKVCacheBlockQueue:
             block._next = None
             block._is_null = False
             block._owner = tok
+            block._ntok = None
+            block._pool = pool
             last._next = block
             last = block
             blocks.append(block)
         self._close(last, num_blocks)
         return self, blocks
 
-    def _init_empty(self) -> object:
+    def _init_empty(self, block_cls: type = KVCacheBlock) -> object:
         self._tok = tok = object()
-        self._head = _make_sentinel()
-        self._tail = _make_sentinel()
+        self._head = _make_sentinel(block_cls)
+        self._tail = _make_sentinel(block_cls)
         return tok
 
     def _close(self, last: KVCacheBlock, num_blocks: int) -> None:
@@ -366,13 +451,40 @@ class FreeKVCacheBlockQueue:
 
     def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Put ``blocks`` at the tail, in order."""
+        self._link_n(blocks, False, "append_n()")
+
+    def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Put ``blocks`` at the head, in order: ``blocks[0]`` is evicted
+        first (vLLM 0.33 frees blocks that cannot be a prefix hit this way)."""
+        self._link_n(blocks, True, "prepend_n()")
+
+    def iter_blocks_after(self, cursor: KVCacheBlock | None) -> Iterator[KVCacheBlock]:
+        """The free blocks after ``cursor`` (a block of this queue or a
+        sentinel; None: from the head), in eviction order. Lazy: each step
+        follows the cursor's link as it is then; a cursor that is no longer
+        queued ends the walk."""
+        if cursor is None:
+            cursor = self._head
+        elif cursor is not self._head and cursor is not self._tail:
+            _check_owned(cursor, self._tok, "iter_blocks_after()")
+        return self._iter_after(cursor)
+
+    def _iter_after(self, cursor: KVCacheBlock) -> Iterator[KVCacheBlock]:
+        tail = self._tail
+        block = cursor._next
+        while block is not None and block is not tail:
+            yield block
+            block = block._next
+
+    def _link_n(self, blocks: Sequence[KVCacheBlock], front: bool, what: str) -> None:
         if type(blocks) is not list:
             blocks = list(blocks)
         if not blocks:
             return
         tok = self._tok
-        tail = self._tail
-        old_last = last = tail._prev
+        # Link after `old_last` (the head, or the last block), before `after`.
+        old_last = last = self._head if front else self._tail._prev
+        tail = after = old_last._next
         # Check while linking: a block linked earlier in this call no longer
         # has _prev is tok, so a repeat fails like a block already queued.
         done = False
@@ -396,11 +508,11 @@ class FreeKVCacheBlockQueue:
                     block._prev = tok
                     block._next = None
                     block = nxt
-                old_last._next = tail
+                old_last._next = after
         if not done:
-            self._raise_bad_append(blocks, "append_n()")
-        last._next = tail
-        tail._prev = last
+            self._raise_bad_append(blocks, what)
+        last._next = after
+        after._prev = last
         self._num_free += len(blocks)
 
     def _raise_bad_append(self, blocks: list[Any], what: str) -> None:
@@ -465,6 +577,16 @@ class BlockHashToBlockMap:
         else:
             cache[key] = {entry._block_id: entry, block._block_id: block}
 
+    def contain(self, key: bytes, block_id: int) -> bool:
+        """Whether the block ``block_id`` is cached under ``key``."""
+        _check_hash(key, "key")
+        entry = self._cache.get(key)
+        if entry is None:
+            return False
+        if entry.__class__ is dict:
+            return block_id in entry
+        return entry._block_id == block_id
+
     def pop(self, key: bytes, block_id: int) -> KVCacheBlock | None:
         """Remove and return block ``block_id`` cached under ``key``; None,
         and no change, if it is not there."""
@@ -507,7 +629,17 @@ class PoolCore:
             )
         self = super().__new__(cls)
         num_gpu_blocks = int(num_gpu_blocks)
-        queue, blocks = FreeKVCacheBlockQueue._for_pool(num_gpu_blocks)
+        # The facade says which vLLM line it serves (kvpool.v0_33 sets 33).
+        v33 = getattr(cls, "_kvpool_line", 15) == 33
+        if v33:
+            # As vLLM 0.33, every block refers to its pool (a cycle the GC
+            # collects; the compiled core keeps this reference borrowed).
+            queue, blocks = FreeKVCacheBlockQueue._for_pool(num_gpu_blocks, KVCacheBlock33, self)
+        else:
+            queue, blocks = FreeKVCacheBlockQueue._for_pool(num_gpu_blocks)
+        self._v33 = v33
+        self.cached_block_hashes_by_block: dict[int, set[bytes]] = {}
+        self._reuse_watchers: dict[int, Any] = {}
         null_block = queue.popleft()
         null_block._is_null = True
         self._num_gpu_blocks = num_gpu_blocks
@@ -556,7 +688,7 @@ class PoolCore:
         """Pop ``num_blocks`` blocks from the head of the free queue (least
         recently freed first), evicting their cached hashes when caching is
         on, each with ``ref_cnt == 1``. Does not look in the cache."""
-        if self.enable_kv_cache_events or self.metrics_collector:
+        if self.enable_kv_cache_events or self.metrics_collector or self._reuse_watchers:
             return self._get_new_blocks_with_hooks(num_blocks)
         return self._allocate(num_blocks, self.enable_caching, None)
 
@@ -684,6 +816,15 @@ class PoolCore:
         block = head._next
         ret = []
         # One walk does popleft_n, the eviction and the ref counts.
+        if evict and self._v33:
+            ret = queue.popleft_n(num_blocks)
+            evict33 = self._evict33
+            by_block = self.cached_block_hashes_by_block
+            for block in ret:
+                if block._hash is not None or by_block:
+                    evict33(block, removed)
+                block._ref_cnt = 1
+            return ret
         if evict:
             pop = self._map._pop
             for _ in range(num_blocks):
@@ -717,6 +858,8 @@ class PoolCore:
         queue tail in the given order (callers pass a request's blocks in
         reverse, so a chain's tail is evicted before its shared prefix)."""
         blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
+        if self._v33:
+            return self._free33(blocks)
         tok = self._tok
         # Checking pass. An accepted block's ref_cnt is negated as a "seen"
         # mark, so a repeat reads < 1 like a double free; no ref_cnt is
@@ -834,6 +977,8 @@ class PoolCore:
         return self._evict(block, removed)
 
     def _evict(self, block: KVCacheBlock, removed: list[bytes] | None) -> bool:
+        if self._v33:
+            return self._evict33(block, removed)
         key = block._hash
         if key is None:
             return False
@@ -960,10 +1105,245 @@ class PoolCore:
             seen.add(id(block))
         raise AssertionError("cache_full_blocks(): no bad block found")  # pragma: no cover
 
+    # -- the vLLM 0.33 line ------------------------------------------------------
+
+    def _evict33(self, block: KVCacheBlock, removed: list[bytes] | None) -> bool:
+        """vLLM 0.33's eviction: every key the block is cached under (its
+        hash first, then its further keys) is popped from the map; the keys
+        removed go to ``removed``; the block's hash and token count are reset
+        whenever it had a key. True if any key was removed."""
+        by_block = self.cached_block_hashes_by_block
+        extra = None
+        if by_block:
+            extra = by_block.get(block._block_id)
+            if extra is not None:
+                extra = tuple(extra)  # may raise: nothing has changed yet
+                del by_block[block._block_id]
+        key = block._hash
+        if key is None and not extra:
+            return False
+        keys = [key, *extra] if extra else [key]
+        if key is None:
+            del keys[0]
+        pop = self._map._pop
+        any_removed = False
+        for key in keys:
+            if key.__class__ is bytes and pop(key, block._block_id) is not None:
+                any_removed = True
+                if removed is not None:
+                    removed.append(key)
+        block._hash = None
+        block._ntok = None
+        return any_removed
+
+    def _free33(self, blocks: list[Any]) -> None:
+        """vLLM 0.33's free_blocks: null blocks skipped; another pool's blocks
+        handed to that pool afterwards; one reference dropped per appearance
+        (a block may appear as often as it holds references); blocks reaching
+        0 go to the head if they have no hash (or caching is off), else to the
+        tail, in the order of the appearance that released them. A call that
+        raises has changed nothing."""
+        tok = self._tok
+        others: dict[Any, list[Any]] = {}
+        done = 0
+        bad = None
+        for block in blocks:
+            if getattr(block, "_owner", None) is not tok:
+                if not getattr(block, "is_null", False):
+                    if not hasattr(block, "block_id"):
+                        bad = block
+                        break
+                    other = getattr(block, "pool", None)
+                    if other is None or other is self:
+                        bad = block
+                        break
+                    others.setdefault(other, []).append(block)
+            elif not block._is_null:
+                if block._ref_cnt < 1:
+                    bad = block
+                    break
+                block._ref_cnt -= 1
+            done += 1
+        if bad is not None:
+            for block in blocks[:done]:
+                if getattr(block, "_owner", None) is tok and not block._is_null:
+                    block._ref_cnt += 1
+            if not isinstance(bad, KVCacheBlock) and not hasattr(bad, "block_id"):
+                raise TypeError(
+                    f"free_blocks(): expected a KVCacheBlock, got {type(bad).__name__}"
+                )
+            _check_owned(bad, tok, "free_blocks()")
+            raise ValueError(
+                f"free_blocks(): double free of block {bad._block_id} (ref_cnt is 0, or "
+                "more appearances than references)"
+            )
+        caching = self.enable_caching
+        first: list[KVCacheBlock] = []
+        last: list[KVCacheBlock] = []
+        seen: set[int] = set()
+        for block in reversed(blocks):  # the last appearance releases a block
+            if getattr(block, "_owner", None) is not tok or block._is_null:
+                continue
+            # A block queued already (its ref_cnt written from outside) stays put.
+            if block._ref_cnt == 0 and block._prev is tok and id(block) not in seen:
+                seen.add(id(block))
+                (first if block._hash is None or not caching else last).append(block)
+        first.reverse()
+        last.reverse()
+        queue = self._queue
+        queue.prepend_n(first)
+        queue.append_n(last)
+        for other, group in others.items():
+            other.free_blocks(group)
+
+    def _claim(self, blocks: Sequence[KVCacheBlock], evict: bool, removed: list[bytes] | None) -> None:
+        """0.33's get_new_blocks after the pop (and the reuse watchers): each
+        block, just taken from the queue, loses its hash keys if ``evict``
+        and gets ``ref_cnt == 1``. All blocks are checked first."""
+        _check_out_list(removed, "removed")
+        blocks = list(blocks)
+        tok = self._tok
+        seen: set[int] = set()
+        for block in blocks:
+            _check_owned(block, tok, "_claim()")
+            if block._prev is not tok or block._ref_cnt != 0 or block._is_null:
+                raise ValueError(
+                    f"block {block._block_id} is not a block just taken from the free "
+                    "queue (it is queued, in use or null)"
+                )
+            if id(block) in seen:
+                raise ValueError(f"block {block._block_id} appears twice")
+            seen.add(id(block))
+        for block in blocks:
+            if evict:
+                self._evict33(block, removed)
+            block._ref_cnt = 1
+
+    def _unpin(self, blocks: Iterable[KVCacheBlock]) -> list[KVCacheBlock]:
+        """0.33's unpin_blocks without the watchers: one reference dropped
+        per appearance; blocks reaching 0 go to the tail, in the order of the
+        appearance that released them. Changes nothing if it raises."""
+        blocks = list(blocks)
+        tok = self._tok
+        for block in blocks:
+            _check_owned(block, tok, "unpin_blocks()")
+            if block._is_null:
+                raise ValueError("the null block cannot be unpinned")
+        for done, block in enumerate(blocks):
+            if block._ref_cnt < 1:
+                for b in blocks[:done]:
+                    b._ref_cnt += 1
+                raise ValueError(
+                    f"block {block._block_id} is unpinned with ref_cnt 0 "
+                    "(more appearances than references?)"
+                )
+            block._ref_cnt -= 1
+        released = []
+        seen: set[int] = set()
+        for block in reversed(blocks):
+            if block._ref_cnt == 0 and block._prev is tok and id(block) not in seen:
+                seen.add(id(block))
+                released.append(block)
+        released.reverse()
+        self._queue.append_n(released)
+        return blocks
+
+    def _cache_blocks33(
+        self,
+        blocks: Sequence[KVCacheBlock],
+        start: int,
+        stop: int,
+        block_hashes: Sequence[bytes],
+        scale: int,
+        group_id: int,
+        block_size: int,
+        block_mask: Sequence[Any] | None,
+        removed: list[bytes] | None,
+        stored: list[bytes] | None,
+    ) -> None:
+        """vLLM 0.33's cache_full_blocks without the events (see the
+        compiled core's docstring): promotion of partial blocks included."""
+        _check_out_list(removed, "removed")
+        _check_out_list(stored, "stored")
+        if start >= stop:
+            return
+        if start < 0:
+            raise ValueError(f"num_cached_blocks must be >= 0, got {start}")
+        suffix = _group_suffix(group_id)
+        if isinstance(block_size, bool) or not isinstance(block_size, int):
+            raise TypeError(f"block_size must be an int, got {type(block_size).__name__}")
+        if block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        if scale < 1:
+            raise ValueError(f"scale must be >= 1, got {scale}")
+        new_blocks = list(blocks[start:stop])
+        n = len(new_blocks)
+        mask = None
+        if block_mask is not None:
+            mask = [bool(x) for x in block_mask]
+            if len(mask) != n:
+                raise ValueError(f"block_mask has {len(mask)} entries for {n} new full blocks")
+        if type(block_hashes) is list:
+            hl, off = block_hashes, start
+        else:
+            if scale != 1:
+                raise TypeError("block_hashes must be a list when scale > 1")
+            hl, off = list(block_hashes[start:stop]), 0
+        if len(hl) // scale < off + n:
+            raise ValueError(
+                f"the request has {len(hl) // scale} block hashes at this block size, "
+                f"{start + n} are needed to cache blocks up to {start + n}"
+            )
+        tok = self._tok
+        seen: set[int] = set()
+        for j, block in enumerate(new_blocks):
+            _check_owned(block, tok, "cache_full_blocks()")
+            if block._is_null or (mask is not None and not mask[j]):
+                continue
+            ntok = (start + j + 1) * block_size
+            if block._hash is not None and (block._ntok is None or block._ntok >= ntok):
+                raise RuntimeError(
+                    f"block {block._block_id} already has a hash covering {block._ntok} "
+                    f"tokens; only a partial block covering fewer than {ntok} can be promoted"
+                )
+            _check_hash(hl[(off + j + 1) * scale - 1], "block hash")
+            if id(block) in seen:
+                raise ValueError(f"block {block._block_id} appears twice")
+            seen.add(id(block))
+        cache = self._map
+        for j, block in enumerate(new_blocks):
+            if block._is_null or (mask is not None and not mask[j]):
+                continue
+            if block._hash is not None:  # partial -> full promotion
+                self._evict33(block, removed)
+            block_hash = hl[(off + j + 1) * scale - 1]
+            key = block_hash + suffix
+            entry = cache._cache.get(key)
+            present = entry is not None and (
+                block._block_id in entry if entry.__class__ is dict
+                else entry._block_id == block._block_id
+            )
+            if not present:
+                block._hash = key
+                block._ntok = (start + j + 1) * block_size
+                cache._insert(key, block)
+            if stored is not None:
+                stored.append(block_hash)
+
     def _reset_cache(self) -> bool:
         """Forget every hash; only when no block but the null block is in use."""
         if self._num_gpu_blocks - self._queue._num_free != 1:
             return False
+        self._check_blocks_list()
+        self._map = BlockHashToBlockMap()
+        self._reset_hashes()
+        return True
+
+    def _clear_map(self) -> None:
+        """A new, empty map (0.33's reset: before the reuse watchers fire)."""
+        self._map = BlockHashToBlockMap()
+
+    def _check_blocks_list(self) -> None:
         blocks = self._blocks
         tok = self._tok
         ok = len(blocks) == self._num_gpu_blocks
@@ -976,9 +1356,13 @@ class PoolCore:
             ok = False
         if not ok:
             self._raise_blocks_modified()
-        for block in blocks:
+
+    def _reset_hashes(self) -> None:
+        """Every block's hash (and token count) forgotten."""
+        self._check_blocks_list()
+        for block in self._blocks:
             block._hash = None
+            block._ntok = None
         # "Every block" includes the queue's sentinels (settable through the API).
         self._queue._head._hash = self._queue._tail._hash = None
-        self._map = BlockHashToBlockMap()
-        return True
+        self._queue._head._ntok = self._queue._tail._ntok = None

@@ -53,6 +53,7 @@ from typing import Any
 
 from . import __version__
 from .block_pool import make_block_pool_class
+from .v0_33 import make_block_pool_class as make_block_pool_class_v0_33
 
 __all__ = [
     "CORES",
@@ -71,6 +72,15 @@ CORES: dict[str, tuple[str, str]] = {
     "compiled": ("compiled", "kvpool._core"),
 }
 
+# vLLM API line -> the facade over a core. Both lines run over the same two
+# cores; the 0.33 twin is vLLM 0.33's design (blocks linked through
+# themselves, each referring to its pool, a dict map).
+LINES: dict[str, Callable[[ModuleType], type]] = {
+    "0.15": make_block_pool_class,
+    "0.33": make_block_pool_class_v0_33,
+}
+_line = "0.15"  # the line being measured (set by run())
+
 BLOCK_SIZE = 16  # tokens per block, as in vLLM's default
 HASH_BYTES = 32  # sha256 digests, vLLM's default block hash
 BATCH = 256  # blocks per bulk call in the microbenchmarks
@@ -84,10 +94,34 @@ def _in_source_checkout() -> bool:
     return (Path(kvpool.__file__).resolve().parent.parent / "setup.py").exists()
 
 
-def load_core(key: str) -> tuple[ModuleType, type]:
-    """The core module and the ``BlockPool`` facade over it."""
+def load_core(key: str, line: str | None = None) -> tuple[ModuleType, type]:
+    """The core module and the ``BlockPool`` facade of ``line`` (default:
+    the line being measured) over it. With ``KVPOOL_BENCH_BASELINE=vllm``
+    the pure-Python column is vLLM's own pool of that line (vLLM must be
+    importable): how the issues' one-off tables against vLLM are measured."""
+    line = line or _line
+    if key == "pure" and os.environ.get("KVPOOL_BENCH_BASELINE") == "vllm":
+        return _vllm_baseline(line)
     module = importlib.import_module(CORES[key][1])
-    return module, make_block_pool_class(module)
+    return module, LINES[line](module)
+
+
+def _vllm_baseline(line: str) -> tuple[ModuleType, type]:
+    import vllm
+    from vllm.v1.core import block_pool, kv_cache_utils
+
+    expected = {"0.15": ("0.15.", "0.16."), "0.33": ("0.33.",)}[line]
+    if not vllm.__version__.startswith(expected):
+        raise ImportError(f"vLLM {vllm.__version__} does not serve the {line} line")
+    shim = ModuleType("vllm_baseline")
+    shim.KVCacheBlock = shim.KVCacheBlock33 = kv_cache_utils.KVCacheBlock
+    shim.FreeKVCacheBlockQueue = kv_cache_utils.FreeKVCacheBlockQueue
+    shim.__file__ = block_pool.__file__
+    return shim, block_pool.BlockPool
+
+
+def _block_class(core: ModuleType) -> type:
+    return core.KVCacheBlock33 if _line == "0.33" else core.KVCacheBlock
 
 
 def _hashes(rng: random.Random, n: int) -> list[bytes]:
@@ -136,7 +170,7 @@ class QueuePopleftAppend(Workload):
                  num_blocks: int = 4096) -> None:
         if standalone:
             self.queue = core.FreeKVCacheBlockQueue(
-                [core.KVCacheBlock(i) for i in range(num_blocks)]
+                [_block_class(core)(i) for i in range(num_blocks)]
             )
         else:
             self.pool = BlockPool(num_blocks + 1, True, BLOCK_SIZE)
@@ -470,6 +504,12 @@ class Operation:
     pure_from: str | None = None
     compiled_from: str | None = None
     note: str = ""
+    # The 0.33 line's target where it differs (issue 7's, set against vLLM
+    # 0.33.0's pool, whose blocks are slotted dataclasses).
+    target33: Target | None = None
+
+    def target_for(self, line: str) -> Target | None:
+        return self.target33 if line == "0.33" and self.target33 else self.target
 
     @property
     def in_subprocess(self) -> bool:
@@ -489,7 +529,8 @@ def _simple(cls: type, **kw: Any) -> Callable[..., Workload]:
 OPERATIONS: list[Operation] = [
     Operation("queue_popleft_append", "popleft_n(256) + append_n", "ns/block",
               Target("ratio", 7), _simple(QueuePopleftAppend),
-              note="the pool's free_block_queue, 4096 free blocks"),
+              note="the pool's free_block_queue, 4096 free blocks",
+              target33=Target("ratio", 6)),
     Operation("queue_popleft_append_standalone",
               "popleft_n(256) + append_n, standalone queue", "ns/block", None,
               _simple(QueuePopleftAppend, standalone=True),
@@ -498,10 +539,12 @@ OPERATIONS: list[Operation] = [
               Target("ratio", 2.5), _simple(QueueRemoveAppend),
               note="256 blocks at random positions of a 4096-block queue"),
     Operation("new_free", "get_new_blocks(256) + free_blocks", "ns/block",
-              Target("ratio", 15), _simple(NewAndFree), note="caching on"),
+              Target("ratio", 15), _simple(NewAndFree), note="caching on",
+              target33=Target("ratio", 12)),
     Operation("prefix_hit", "prefix hit, 256 blocks, per-block API", "ns/block",
               Target("ratio", 5), _simple(PrefixHitPerBlock),
-              note="get_cached_block per hash, touch, free_blocks(reversed)"),
+              note="get_cached_block per hash, touch, free_blocks(reversed)",
+              target33=Target("ratio", 4)),
     Operation("prefix_hit_bulk", "prefix hit, 256 blocks, bulk API", "ns/block", None,
               _simple(PrefixHitBulk),
               note="find_longest_cache_hit, touch, free_blocks(reversed), both cores"),
@@ -511,7 +554,8 @@ OPERATIONS: list[Operation] = [
               note="pure column: per-block loop on the twin; compiled column: bulk API"),
     Operation("cache_full_cycle", "cache_full_blocks cycle (256, with eviction)",
               "ns/block", Target("ratio", 6), _simple(CacheFullCycle),
-              note="get_new_blocks(256) evicting 256 cached, cache_full_blocks, free"),
+              note="get_new_blocks(256) evicting 256 cached, cache_full_blocks, free",
+              target33=Target("ratio", 5)),
     Operation("trace_replay", "trace replay (per-block lookup)", "us/request",
               Target("ratio", 3), _trace_factory(bulk=False),
               note="scheduler-like trace on a 4096-block pool"),
@@ -521,7 +565,7 @@ OPERATIONS: list[Operation] = [
     Operation("construct", "BlockPool({n}, True, 16)", "ms", Target("ratio", 20),
               note="median of 3 constructions, gc enabled as in an engine"),
     Operation("gc_collect", "gc.collect() with that pool alive", "ms", Target("ratio", 15),
-              note="after a full collect; median of several"),
+              note="after a full collect; median of several", target33=Target("ratio", 10)),
     Operation("gc_collect_materialised",
               "gc.collect(), after pool.blocks was accessed", "ms", None,
               note="the compiled core creates block objects on first access"),
@@ -748,6 +792,7 @@ def _run_child(kind: str, key: str, n: int, st: Settings) -> dict[str, Any]:
     # directory first on sys.path, so run it from the package's parent.
     pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cmd = [sys.executable, "-m", "kvpool.bench", "--child", kind, "--core", key,
+           "--line", _line,
            "--blocks", str(n), "--construct-repeats", str(st.construct_repeats),
            "--gc-repeats", str(st.gc_repeats)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=pkg_parent)
@@ -849,10 +894,11 @@ def _row(op: Operation, cells: dict[str, Cell], n: int) -> dict[str, Any]:
     if len(per_round) > 1:
         q = statistics.quantiles(per_round, n=4, method="inclusive")
         row["ratio_q1"], row["ratio_q3"] = q[0], q[2]
-    if op.target:
-        row["target"] = {"kind": op.target.kind, "value": op.target.value,
-                         "text": op.target.text(op.unit)}
-        row["ok"] = op.target.holds(ratio, cm)
+    target = op.target_for(_line)
+    if target:
+        row["target"] = {"kind": target.kind, "value": target.value,
+                         "text": target.text(op.unit)}
+        row["ok"] = target.holds(ratio, cm)
     return row
 
 
@@ -866,7 +912,9 @@ def _fmt_ratio(x: float | None) -> str:
 
 def format_table(result: dict[str, Any]) -> str:
     m, s = result["machine"], result["settings"]
-    head = ["operation", "unit", "pure-Python", "compiled", "ratio", "ratio IQR",
+    baseline = ("vLLM's own pool" if os.environ.get("KVPOOL_BENCH_BASELINE") == "vllm"
+                else "pure-Python")
+    head = ["operation", "unit", baseline, "compiled", "ratio", "ratio IQR",
             "target", ""]
     lines = []
     for r in result["operations"]:
@@ -885,8 +933,9 @@ def format_table(result: dict[str, Any]) -> str:
                                  for i, (c, w) in enumerate(zip(cols, widths))) + " |"
 
     out = [
-        f"kvpool {m['kvpool']} benchmark: pure-Python twin (kvpool._core_py) vs "
-        f"compiled core (kvpool._core)",
+        f"kvpool {m['kvpool']} benchmark, vLLM {result['line']} API line "
+        f"({'kvpool' if result['line'] == '0.15' else 'kvpool.v0_33'}): pure-Python "
+        f"twin (kvpool._core_py) vs compiled core (kvpool._core)",
         f"Python {m['python']} ({m['python_implementation']}, {m['python_compiler']}) | "
         f"Cython {m['cython'] or 'not installed'} | CPU: {m['cpu']} ({m['cpus']} logical) | "
         f"{m['platform']}",
@@ -940,9 +989,14 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def run(st: Settings, *, disable_gc: bool = True, only: list[str] | None = None,
-        subprocesses: bool = True, same_core: str | None = None) -> dict[str, Any]:
-    """Run the benchmark; ``same_core`` (an A/A check of the harness) puts
-    that core in both columns, where every ratio should be close to 1."""
+        subprocesses: bool = True, same_core: str | None = None,
+        line: str = "0.15") -> dict[str, Any]:
+    """Run the benchmark of one vLLM API line; ``same_core`` (an A/A check of
+    the harness) puts that core in both columns, where every ratio should be
+    close to 1."""
+    global _line
+    _line = line
+    _progress(f"vLLM {line} API line")
     t0 = time.perf_counter()
     load_before = _load_average()
     errors: list[str] = []
@@ -972,6 +1026,7 @@ def run(st: Settings, *, disable_gc: bool = True, only: list[str] | None = None,
     rows = [_row(op, cells[op.id], st.subprocess_blocks) for op in ops if op.id in cells]
     return {
         "kvpool_bench": 1,
+        "line": line,
         "machine": _machine(),
         "settings": {"mode": st.mode, "rounds": st.rounds, "batch_ms": st.batch_ms,
                      "gc_disabled": disable_gc, "subprocess_blocks": st.subprocess_blocks,
@@ -1002,6 +1057,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="leave the cyclic gc enabled during timed batches")
     p.add_argument("--no-subprocess", action="store_true",
                    help="skip construction, gc.collect() and memory (fresh interpreters)")
+    p.add_argument("--line", choices=[*LINES, "all"], default="all",
+                   help="the vLLM API line(s) to measure: kvpool (0.15) and/or "
+                   "kvpool.v0_33 (0.33); default: all, one table each")
     p.add_argument("--same-core", choices=list(CORES),
                    help="A/A check of the harness: this core in both columns")
     p.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
@@ -1013,6 +1071,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     if a.child:
+        global _line
+        _line = "0.15" if a.line == "all" else a.line
         if a.child == "timing":
             res = _child_timing(a.core, a.blocks, a.construct_repeats, a.gc_repeats)
         else:
@@ -1031,13 +1091,18 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(only) - set(_BY_ID))
         if unknown:
             p.error(f"unknown operation id(s): {', '.join(unknown)}")
-    result = run(st, disable_gc=not a.keep_gc, only=only, subprocesses=not a.no_subprocess,
-                 same_core=a.same_core)
-    _progress(f"done in {result['elapsed_s']:.0f} s")
+    lines = list(LINES) if a.line == "all" else [a.line]
+    results = {}
+    for line in lines:
+        results[line] = run(st, disable_gc=not a.keep_gc, only=only,
+                            subprocesses=not a.no_subprocess, same_core=a.same_core,
+                            line=line)
+        _progress(f"vLLM {line} line done in {results[line]['elapsed_s']:.0f} s")
     if a.json:
-        print(json.dumps(result, indent=2))
+        # One line: its result; several: {line: result}.
+        print(json.dumps(results[lines[0]] if len(lines) == 1 else results, indent=2))
     else:
-        print(format_table(result))
+        print("\n\n".join(format_table(r) for r in results.values()))
     return 0
 
 

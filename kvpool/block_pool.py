@@ -41,10 +41,10 @@ def _check_positive_int(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be >= 1, got {value}")
 
 
-def _removed_events(keys: list[bytes]) -> list[BlockRemoved]:
+def _removed_events(keys: list[bytes], cls: type = BlockRemoved) -> list[Any]:
     # One event per evicted block, in eviction order, as vLLM emits them.
     hashes = convert_block_hashes([get_block_hash(key) for key in keys])
-    return [BlockRemoved(block_hashes=[h], medium=MEDIUM_GPU) for h in hashes]
+    return [cls(block_hashes=[h], medium=MEDIUM_GPU) for h in hashes]
 
 
 def make_block_pool_class(core: ModuleType) -> type:
@@ -70,6 +70,12 @@ def make_block_pool_class(core: ModuleType) -> type:
         raises ``ValueError``/``RuntimeError``/``TypeError`` and leaves the
         pool as it was, also under ``python -O``.
         """
+
+        # The event classes queued; inside vLLM, vLLM's own (see
+        # kvpool.vllm_events), which encode to the same bytes.
+        _BlockStored: type = BlockStored
+        _BlockRemoved: type = BlockRemoved
+        _AllBlocksCleared: type = AllBlocksCleared
 
         def __init__(
             self,
@@ -137,7 +143,7 @@ def make_block_pool_class(core: ModuleType) -> type:
                 )
             lora = request.lora_request
             self.kv_event_queue.append(
-                BlockStored(
+                self._BlockStored(
                     block_hashes=stored_hashes,
                     parent_block_hash=parent_block_hash,
                     token_ids=request.all_token_ids[
@@ -166,7 +172,7 @@ def make_block_pool_class(core: ModuleType) -> type:
                         collector.on_block_evicted(block)
                     collector.on_block_allocated(block)
             if removed:
-                self.kv_event_queue.extend(_removed_events(removed))
+                self.kv_event_queue.extend(_removed_events(removed, self._BlockRemoved))
             return ret
 
         def _maybe_evict_cached_block(self, block: Any) -> bool:
@@ -177,7 +183,7 @@ def make_block_pool_class(core: ModuleType) -> type:
             if self.metrics_collector:
                 self.metrics_collector.on_block_evicted(block)
             if removed:
-                self.kv_event_queue.extend(_removed_events(removed))
+                self.kv_event_queue.extend(_removed_events(removed, self._BlockRemoved))
             return evicted
 
         def _report_touch(self, blocks: Sequence[Any]) -> None:
@@ -198,7 +204,7 @@ def make_block_pool_class(core: ModuleType) -> type:
                 for block_id in ids:
                     collector.on_block_evicted(blocks[block_id])
             if removed:
-                self.kv_event_queue.extend(_removed_events(removed))
+                self.kv_event_queue.extend(_removed_events(removed, self._BlockRemoved))
 
         def reset_prefix_cache(self) -> bool:
             """Forget every cached hash. Only possible when no block but the
@@ -215,7 +221,7 @@ def make_block_pool_class(core: ModuleType) -> type:
                 self.metrics_collector.reset()
             logger.info("Successfully reset prefix cache")
             if self.enable_kv_cache_events:
-                self.kv_event_queue.append(AllBlocksCleared())
+                self.kv_event_queue.append(self._AllBlocksCleared())
             return True
 
         def take_events(self) -> list[KVCacheEvent]:

@@ -25,6 +25,12 @@ __all__ = [
     "maybe_convert_block_hash",
     "convert_block_hashes",
     "BlockHashListWithBlockSize",
+    "HASH_ALGORITHMS",
+    "DEFAULT_NONE_HASH_SEED",
+    "hash_object",
+    "none_hash",
+    "hash_block_tokens",
+    "hash_request_tokens",
 ]
 
 BlockHash = NewType("BlockHash", bytes)
@@ -144,3 +150,130 @@ class BlockHashListWithBlockSize:
         return BlockHash(
             b"".join([hashes[i] for i in range(base, base + self.scale_factor)])
         )
+
+
+# --- Request block hashing -------------------------------------------------
+#
+# vLLM's prefix-cache keys, computed without vLLM: block i of a request is
+# ``hash_fn((parent, tuple(tokens of block i), extra_keys_i))``, ``parent``
+# being block i-1's hash (``NONE_HASH`` for the first block), ``hash_fn`` one
+# of vLLM's four algorithms. The compiled ``kvpool._hasher`` writes the
+# pickle / CBOR bytes and digests them in C; its pure-Python twin
+# ``kvpool._hasher_py`` does what vLLM does. Inside vLLM,
+# ``kvpool.vllm_hasher`` puts the same machinery behind vLLM's
+# ``get_request_block_hasher``.
+
+#: vLLM's ``prefix_caching_hash_algo`` values.
+HASH_ALGORITHMS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+
+#: The seed vLLM >= 0.29 derives ``NONE_HASH`` from (when ``PYTHONHASHSEED``
+#: is unset and the algorithm is of the SHA-256 family).
+DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
+
+_hasher_module = None
+
+
+def _hasher():
+    """The compiled hasher, or its pure-Python twin when kvpool runs without
+    extensions (the choice ``import kvpool`` made) or it is not built."""
+    global _hasher_module
+    if _hasher_module is None:
+        import kvpool
+
+        module = None
+        if not kvpool.NO_EXTENSIONS:
+            try:
+                from . import _hasher as module
+            except ImportError:
+                module = None
+        if module is None:
+            from . import _hasher_py as module
+        _hasher_module = module
+    return _hasher_module
+
+
+def _python_hash(algorithm: str):
+    """``obj -> hash`` through Python's pickle / cbor2: the compiled hasher's
+    fallback for a value whose bytes it does not reproduce."""
+    from . import _hasher_py
+
+    hasher = _hasher()
+
+    def hash_fn(obj):
+        return hasher.digest(_hasher_py.serialize(obj, algorithm), algorithm)
+
+    return hash_fn
+
+
+def hash_object(obj, algorithm: str = "sha256") -> bytes:
+    """``vllm.utils.hashing.<algorithm>(obj)``: SHA-256 or XXH3-128 (16 bytes)
+    of ``pickle.dumps(obj, protocol=5)`` or ``cbor2.dumps(obj,
+    canonical=True)``. Values of other shapes than vLLM's (None, bool, int,
+    bytes, str, tuples) are serialised by pickle / cbor2 themselves."""
+    return _hasher().hash_object(obj, algorithm, _python_hash(algorithm))
+
+
+def none_hash(algorithm: str = "sha256", seed: str = DEFAULT_NONE_HASH_SEED) -> BlockHash:
+    """The parent hash of a request's first block as vLLM derives it from a
+    seed: ``hash_fn(seed)``. The default is vLLM >= 0.29's for ``sha256`` and
+    ``sha256_cbor`` without ``PYTHONHASHSEED``; with ``PYTHONHASHSEED`` set,
+    every release uses that value as the seed. (vLLM 0.15-0.28 without
+    ``PYTHONHASHSEED``, and the xxhash pair from 0.29, use random bytes: read
+    ``vllm.v1.core.kv_cache_utils.NONE_HASH`` of the engine instead.)"""
+    return BlockHash(hash_object(seed, algorithm))
+
+
+_derive_none_hash = none_hash  # for the functions whose keyword shadows it
+
+
+def hash_request_tokens(
+    token_ids: Sequence[int],
+    block_size: int,
+    *,
+    algorithm: str = "sha256",
+    none_hash: bytes | None = None,
+    parent_block_hash: bytes | None = None,
+    extra_keys: Sequence[tuple | None] | None = None,
+) -> list[BlockHash]:
+    """The block hashes vLLM computes for a request whose tokens are
+    ``token_ids``: one per *full* block of ``block_size`` tokens (vLLM's
+    ``hash_block_size``), chained from ``parent_block_hash`` (the hash of the
+    block before ``token_ids[0]``, if any) or else ``none_hash`` (default:
+    ``none_hash(algorithm)``, see there). ``extra_keys``: one entry per full
+    block (a tuple of vLLM's extra keys -- LoRA, multimodal, cache salt,
+    prompt embeds -- or ``None``), or ``None`` for a plain request.
+
+    For routers and tools that precompute prefix-cache or KV-connector keys:
+    the results equal the engine's ``request.block_hashes``. Keys in the pool
+    and in KV events are derived from them by ``make_block_hash_with_group_id``
+    and ``maybe_convert_block_hash``.
+    """
+    if block_size < 1:
+        raise ValueError("block_size must be >= 1")
+    num_blocks = len(token_ids) // block_size
+    parent = parent_block_hash or none_hash or _derive_none_hash(algorithm)
+    if extra_keys is not None:
+        extra_keys = list(extra_keys)
+        if len(extra_keys) < num_blocks:
+            raise ValueError(
+                f"extra_keys has {len(extra_keys)} entries for {num_blocks} full blocks"
+            )
+    tokens = token_ids if type(token_ids) is list else list(token_ids)
+    return _hasher().hash_blocks(
+        algorithm, parent, tokens, block_size, num_blocks, extra_keys, _python_hash(algorithm)
+    )
+
+
+def hash_block_tokens(
+    parent_block_hash: bytes | None,
+    curr_block_token_ids: Sequence[int],
+    extra_keys: tuple | None = None,
+    *,
+    algorithm: str = "sha256",
+    none_hash: bytes | None = None,
+) -> BlockHash:
+    """One block's hash, as vLLM's ``hash_block_tokens``: a false
+    ``parent_block_hash`` means the first block (``none_hash``, default
+    ``none_hash(algorithm)``)."""
+    parent = parent_block_hash or none_hash or _derive_none_hash(algorithm)
+    return BlockHash(hash_object((parent, tuple(curr_block_token_ids), extra_keys), algorithm))

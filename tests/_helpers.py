@@ -323,3 +323,52 @@ class BusyPool:
         self, exc_type: type[BaseException], fn: Callable[..., Any], *args: Any, **kw: Any
     ) -> BaseException:
         return check_pool_unchanged(self.pool, exc_type, fn, *args, extra_keys=self.keys, **kw)
+
+
+# ---------------------------------------------------------------------------
+# A state machine again under ``python -X dev``
+
+
+def run_state_machine_under_dev_mode(test_file: str, no_c_extensions: bool) -> None:
+    """Run ``test_state_machine`` of ``test_file`` (in this directory) in a
+    ``python -X dev`` subprocess (debug allocator hooks, faulthandler, all
+    warnings, ResourceWarning an error), so that memory errors in the compiled
+    core show up as crashes rather than passing by; the ``ci`` hypothesis
+    profile with ``KVPOOL_DEV_MODE_EXAMPLES`` examples (default 100)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import kvpool
+
+    tests_dir = Path(__file__).resolve().parent
+    env = dict(os.environ)
+    package_root = str(Path(kvpool.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    env["KVPOOL_HYPOTHESIS_EXAMPLES"] = env.get("KVPOOL_DEV_MODE_EXAMPLES", "100")
+    env["KVPOOL_HYPOTHESIS_PROFILE"] = "ci"
+    cmd = [
+        sys.executable,
+        "-X",
+        "dev",
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        str(tests_dir / test_file),
+        "-k",
+        "test_state_machine and not dev_mode",
+        "-W",
+        "error::ResourceWarning",
+    ]
+    if no_c_extensions:
+        cmd.append("--no-c-extensions")
+    # cwd is the tests directory so that `-m` does not put a source checkout
+    # in front of the kvpool under test.
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tests_dir, timeout=900)
+    if proc.returncode != 0:
+        raise AssertionError(proc.stdout[-4000:] + proc.stderr[-4000:])
+    if "1 passed" not in proc.stdout:
+        raise AssertionError(proc.stdout[-2000:])

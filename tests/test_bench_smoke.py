@@ -9,21 +9,25 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import kvpool
 from kvpool import bench
 
 
-def test_bench_script_smoke(no_c_extensions: bool) -> None:
+@pytest.mark.parametrize("line", ["0.15", "0.33"])
+def test_bench_script_smoke(no_c_extensions: bool, line: str) -> None:
     # Run the kvpool under test (installed or in place): ``-m`` puts the
     # working directory first on sys.path, so start from the package's parent.
     pkg_parent = Path(kvpool.__file__).resolve().parent.parent
     proc = subprocess.run(
-        [sys.executable, "-m", "kvpool.bench", "--quick", "--smoke", "--json"],
+        [sys.executable, "-m", "kvpool.bench", "--quick", "--smoke", "--json", "--line", line],
         capture_output=True, text=True, cwd=pkg_parent, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert "[kvpool.bench]" in proc.stderr  # progress goes to stderr
     result = json.loads(proc.stdout)
+    assert result["line"] == line
 
     cores = ["pure"] if no_c_extensions else ["pure", "compiled"]
     for key in cores:

@@ -17,10 +17,6 @@ hypothesis profile makes it deterministic.
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 from hypothesis import settings
@@ -34,7 +30,6 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-import kvpool
 from kvpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheMetricsCollector
 
 from _helpers import (
@@ -48,9 +43,8 @@ from _helpers import (
     ids,
     key,
     pool_state,
+    run_state_machine_under_dev_mode,
 )
-
-TESTS_DIR = Path(__file__).resolve().parent
 
 HASH_BLOCK_SIZE = 2
 # Groups 0 and 1 share a block size (looked up together); group 2's blocks are
@@ -607,33 +601,6 @@ def test_state_machine(all_cores, monkeypatch, caplog):
 
 
 def test_state_machine_under_dev_mode(no_c_extensions):
-    """The state machine again, in ``python -X dev`` (debug allocator hooks,
-    faulthandler, all warnings): memory errors in the compiled core show up
-    here as crashes rather than passing by."""
-    env = dict(os.environ)
-    package_root = str(Path(kvpool.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-    env["KVPOOL_HYPOTHESIS_EXAMPLES"] = env.get("KVPOOL_DEV_MODE_EXAMPLES", "100")
-    env["KVPOOL_HYPOTHESIS_PROFILE"] = "ci"
-    cmd = [
-        sys.executable,
-        "-X",
-        "dev",
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        str(TESTS_DIR / "test_stateful.py"),
-        "-k",
-        "test_state_machine and not dev_mode",
-        "-W",
-        "error::ResourceWarning",
-    ]
-    if no_c_extensions:
-        cmd.append("--no-c-extensions")
-    # cwd is the tests directory so that `-m` does not put a source checkout
-    # in front of the kvpool under test.
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=TESTS_DIR, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "1 passed" in proc.stdout, proc.stdout[-2000:]
+    """The state machine again, in ``python -X dev``: memory errors in the
+    compiled core show up there as crashes rather than passing by."""
+    run_state_machine_under_dev_mode("test_stateful.py", no_c_extensions)

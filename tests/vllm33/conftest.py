@@ -1,5 +1,8 @@
-"""Tests against a real vLLM 0.33.x. They run in the environment that
-``.ci/vllm-env.sh --vllm 0.33.0`` builds (``.ci/vllm-tests.sh`` does both).
+"""Tests against a real vLLM 0.33.x (its own pure-Python pool, hasher and
+plugin loader). They run in the environment that ``.ci/vllm-env.sh --vllm
+0.33.0`` builds (``.ci/vllm-tests.sh`` does both), or in any environment
+with vLLM 0.33.0 installed (CPU build) and kvpool importable (installed, or
+on PYTHONPATH with its compiled core built in place).
 
 Nothing here is skipped quietly: run without an importable vLLM 0.33.x, this
 directory is a usage error that names what is missing, unless

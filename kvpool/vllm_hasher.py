@@ -1,0 +1,220 @@
+"""Put kvpool's compiled request block hasher into vLLM's engine core.
+
+vLLM's engine core builds the function that hashes every request's blocks
+once, in ``EngineCore.__init__``, by calling ``get_request_block_hasher``
+through the name imported into ``vllm.v1.engine.core`` (0.15.x, 0.16.x and
+0.33.x alike; no other module of the engine calls it). ``install_hasher()``
+rebinds that name to :func:`get_request_block_hasher` below;
+``uninstall_hasher()`` puts vLLM's function back. vLLM's own
+``vllm.v1.core.kv_cache_utils.get_request_block_hasher`` is left alone.
+
+The hashes are vLLM's, byte for byte: the same pickle / CBOR bytes, the same
+digests, the ``NONE_HASH`` in ``kv_cache_utils`` at call time, and vLLM's
+own code for the extra keys of a block (see :func:`get_request_block_hasher`).
+Install before the engine core is built (``kvpool.vllm.install()`` does it);
+``KVPOOL_VLLM_HASHER=0`` (or false/no/off) keeps vLLM's hasher.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+__all__ = [
+    "ENV_VAR",
+    "SUPPORTED_VLLM_LINES",
+    "get_request_block_hasher",
+    "hasher_enabled",
+    "hasher_installed",
+    "install_hasher",
+    "uninstall_hasher",
+]
+
+logger = logging.getLogger("kvpool.vllm")
+
+#: ``0`` / false / no / off: keep vLLM's own request block hasher.
+ENV_VAR = "KVPOOL_VLLM_HASHER"
+
+#: vLLM lines whose hasher this one reproduces (major, minor); 0.15.1 and
+#: 0.16.0 have the same ``kv_cache_utils``.
+SUPPORTED_VLLM_LINES = ((0, 15), (0, 16), (0, 33))
+
+# Modules whose global name ``get_request_block_hasher`` is rebound.
+_PATCHED_MODULES = ("vllm.v1.engine.core",)
+
+_lock = threading.RLock()
+_originals: dict[ModuleType, Any] = {}
+
+
+def hasher_enabled() -> bool:
+    """False when ``KVPOOL_VLLM_HASHER`` says to keep vLLM's hasher."""
+    return os.environ.get(ENV_VAR, "").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _compiled_hasher() -> ModuleType | None:
+    from . import hashing
+
+    module = hashing._hasher()
+    return module if module.__name__ == "kvpool._hasher" else None
+
+
+# vLLM's own get_request_block_hasher, kept in case kv_cache_utils' name is
+# itself rebound to kvpool's (a test harness may do that): kvpool's function
+# must never call itself as "vLLM's".
+_vllm_factory: list[Callable[..., Any]] = []
+
+
+def _vllm_get_request_block_hasher(kv_cache_utils: ModuleType) -> Callable[..., Any]:
+    current = kv_cache_utils.get_request_block_hasher
+    if current is not get_request_block_hasher:
+        _vllm_factory[:] = [current]
+        return current
+    if not _vllm_factory:
+        raise RuntimeError(
+            "vllm.v1.core.kv_cache_utils.get_request_block_hasher is kvpool's, "
+            "and vLLM's own was never seen"
+        )
+    return _vllm_factory[0]
+
+
+def get_request_block_hasher(
+    hash_block_size: int,
+    caching_hash_fn: Callable[[Any], bytes],
+    num_hash_lookahead_tokens: int = 0,
+) -> Callable[[Any], list[bytes]]:
+    """vLLM's ``get_request_block_hasher`` (same signature; 0.15/0.16 pass no
+    ``num_hash_lookahead_tokens``), computing the hashes in C.
+
+    For one of vLLM's four hash functions the returned function hashes the
+    new full blocks of a request in one C call. Their extra keys come from
+    vLLM's own code, by the cheapest exact route:
+
+    * none (no LoRA, cache salt, multimodal input or prompt embeds, no
+      lookahead): ``None`` for every block;
+    * only LoRA and/or cache salt: ``generate_block_hash_extra_keys`` for the
+      first new block and the one after it, since the keys then depend only
+      on whether a block starts at token 0;
+    * multimodal, prompt embeds or lookahead: vLLM's own block hasher runs
+      with a hash function that records each block's extra keys instead of
+      hashing (the hashing, the expensive part, stays in C).
+
+    Any other ``caching_hash_fn``, or no compiled hasher: vLLM's own hasher.
+    A block whose bytes the C serialiser does not reproduce is hashed by
+    ``caching_hash_fn`` itself.
+    """
+    from vllm.utils import hashing as vllm_hashing
+    from vllm.v1.core import kv_cache_utils
+
+    original = _vllm_get_request_block_hasher(kv_cache_utils)
+    lookahead = num_hash_lookahead_tokens
+    extra_args = (lookahead,) if lookahead else ()
+    codes = {
+        getattr(vllm_hashing, name, None): code
+        for code, name in enumerate(("sha256", "sha256_cbor", "xxhash", "xxhash_cbor"))
+    }
+    algorithm = codes.get(caching_hash_fn)
+    hasher = _compiled_hasher()
+    if algorithm is None or hasher is None:
+        return original(hash_block_size, caching_hash_fn, *extra_args)
+
+    def extra_keys(request: Any, start: int, num_blocks: int) -> list[Any] | None:
+        if lookahead or request.mm_features or request.prompt_embeds is not None:
+            keys: list[Any] = []
+
+            def record(block: tuple) -> bytes:
+                keys.append(block[2])
+                return b"\x01"  # any non-empty hash: the chain is not used
+
+            original(hash_block_size, record, *extra_args)(request)
+            # A different count: vLLM's loop changed shape; let it hash.
+            return keys if len(keys) == num_blocks else None
+        generate = kv_cache_utils.generate_block_hash_extra_keys
+        first = generate(request, start, start + hash_block_size, 0)[0]
+        rest = first
+        if start == 0 and num_blocks > 1:
+            rest = generate(request, hash_block_size, 2 * hash_block_size, 0)[0]
+        return [first] + [rest] * (num_blocks - 1)
+
+    try:
+        from vllm.v1.utils import ConstantList as token_list_type
+    except ImportError:
+        token_list_type = None
+    return hasher.RequestBlockHasher(
+        algorithm,
+        hash_block_size,
+        lookahead,
+        kv_cache_utils,
+        token_list_type,
+        extra_keys,
+        caching_hash_fn,
+        original(hash_block_size, caching_hash_fn, *extra_args),
+    )
+
+
+def _vllm_line() -> tuple[int, int] | None:
+    import vllm
+
+    match = re.match(r"\s*v?(\d+)\.(\d+)", str(vllm.__version__))
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def install_hasher(*, force: bool = False) -> bool:
+    """Make vLLM engine cores built from now on (in this process) hash
+    requests with kvpool's compiled hasher. Returns ``True`` if this call
+    installed it; ``False`` if it was installed already, if
+    ``KVPOOL_VLLM_HASHER=0``, if the compiled hasher is not available (no
+    extension, or ``KVPOOL_NO_EXTENSIONS``), or if the vLLM release is not of
+    a supported line (``force=True`` skips that check)."""
+    import importlib
+
+    with _lock:
+        if _originals:
+            return False
+        if not hasher_enabled():
+            logger.info("%s=%s: vLLM keeps its own request block hasher",
+                        ENV_VAR, os.environ.get(ENV_VAR))
+            return False
+        if _compiled_hasher() is None:
+            logger.info("kvpool's compiled hasher is not available; vLLM keeps its own")
+            return False
+        line = _vllm_line()
+        if not force and line not in SUPPORTED_VLLM_LINES:
+            logger.warning(
+                "kvpool's block hasher reproduces vLLM %s only; vLLM %s keeps its own",
+                ", ".join(f"{a}.{b}" for a, b in SUPPORTED_VLLM_LINES),
+                ".".join(map(str, line or ())) or "?",
+            )
+            return False
+        from vllm.v1.core import kv_cache_utils
+
+        _vllm_get_request_block_hasher(kv_cache_utils)  # remember vLLM's own
+        modules = [importlib.import_module(name) for name in _PATCHED_MODULES]
+        for module in modules:
+            _originals[module] = module.get_request_block_hasher
+        for module in modules:
+            module.get_request_block_hasher = get_request_block_hasher
+        logger.info("kvpool request block hasher installed into vLLM")
+        return True
+
+
+def uninstall_hasher() -> bool:
+    """Give vLLM's engine core its own hasher back (for engines built from
+    now on). Returns ``True`` if kvpool's was installed."""
+    with _lock:
+        if not _originals:
+            return False
+        for module, original in _originals.items():
+            module.get_request_block_hasher = original
+        _originals.clear()
+        logger.info("kvpool request block hasher uninstalled from vLLM")
+        return True
+
+
+def hasher_installed() -> bool:
+    """Whether ``install_hasher()`` is in effect in this process."""
+    return bool(_originals)
