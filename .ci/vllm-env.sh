@@ -27,8 +27,9 @@
 #   KVPOOL_SKIP_VLLM=1     if the disk is too small: say so and exit 0
 #                          without building (otherwise: exit 1)
 #
-# About 2.7 GB installed (0.33.0: 2.3 GB), 3-5 minutes on the 2-core CI
-# machine with a warm pip cache; from KVPOOL_VLLM_ENV_CACHE, 20-30 s.
+# About 2.7 GB installed (0.33.0: 2.3 GB), 1.5 minutes on the 2-core CI
+# machine with a warm pip cache (up to 5 when it is shared); from
+# KVPOOL_VLLM_ENV_CACHE, 20-30 s.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
