@@ -1,9 +1,11 @@
 """Put kvpool's ``BlockPool`` into vLLM's scheduler.
 
-vLLM 0.15.x builds its ``BlockPool`` in exactly one place,
-``vllm.v1.core.kv_cache_coordinator`` (positionally:
-``BlockPool(num_blocks, enable_caching, hash_block_size,
-enable_kv_cache_events, metrics_collector)``), and reaches it only through the
+kvpool has a drop-in pool per vLLM API line (``VLLM_LINES``): the 0.15 line
+(``kvpool.BlockPool``) for vLLM 0.15.x and 0.16.x, whose pool files are
+byte-identical, and the 0.33 line (``kvpool.v0_33.BlockPool``) for 0.33.x.
+``install()`` picks the line of the installed vLLM and refuses any other
+release. Every supported release builds its ``BlockPool`` in exactly one
+place, ``vllm.v1.core.kv_cache_coordinator``, and reaches it only through the
 name ``BlockPool`` bound in that module. ``install()`` rebinds that name (and
 the same name in ``vllm.v1.core.single_type_kv_cache_manager``, where it only
 annotates arguments, so that the two modules never disagree); ``uninstall()``
@@ -39,30 +41,67 @@ import os
 import re
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 __all__ = [
     "ENV_VAR",
     "SUPPORTED_VLLM",
+    "VLLM_LINES",
     "UnsupportedVLLMVersionError",
+    "VLLMLine",
     "check_vllm_version",
     "enabled",
     "install",
     "is_installed",
     "plugin",
     "uninstall",
+    "vllm_line",
     "vllm_version",
 ]
 
 logger = logging.getLogger("kvpool.vllm")
 
-#: The vLLM release line kvpool's pool is a drop-in for (major, minor).
-SUPPORTED_VLLM = (0, 15)
+
+@dataclass(frozen=True)
+class VLLMLine:
+    """A vLLM API line: the releases whose pool one kvpool facade replaces."""
+
+    #: The line's name, after its first release: ``"0.15"``.
+    name: str
+    #: The (major, minor) of every release series in the line, oldest first.
+    releases: tuple[tuple[int, int], ...]
+    #: The module whose ``BlockPool`` is the drop-in. Imported only by
+    #: ``block_pool()``, so that a line's facade never loads with this module.
+    module: str
+
+    def block_pool(self) -> type:
+        import importlib
+
+        return importlib.import_module(self.module).BlockPool
+
+    def describe(self) -> str:
+        series = ", ".join(f"{major}.{minor}.x" for major, minor in self.releases)
+        return f"{series} ({self.module}.BlockPool)"
+
+
+#: The vLLM lines kvpool has a drop-in pool for, oldest first. A release
+#: series not listed is refused (``force`` picks the nearest older line).
+VLLM_LINES = (
+    # 0.16.0's block_pool, kv_cache_utils, kv_events and coordinator are
+    # byte-identical to 0.15.1's.
+    VLLMLine("0.15", ((0, 15), (0, 16)), "kvpool"),
+    VLLMLine("0.33", ((0, 33),), "kvpool.v0_33"),
+)
+
+#: The release series of the first line, as (major, minor); kept for code
+#: written when it was the only one. ``VLLM_LINES`` has them all.
+SUPPORTED_VLLM = VLLM_LINES[0].releases[0]
 
 #: ``1`` (or true/yes/on): the vLLM plugin installs kvpool in every vLLM
-#: process; ``force``: the same without the version check; unset, empty or
-#: anything else: the plugin does nothing.
+#: process; ``force``: the same for any vLLM release (``install(force=True)``);
+#: unset, empty or anything else: the plugin does nothing.
 ENV_VAR = "KVPOOL_VLLM"
 
 # Modules whose global name ``BlockPool`` is rebound. The coordinator is the
@@ -79,6 +118,8 @@ _lock = threading.RLock()
 _originals: dict[ModuleType, Any] = {}
 # ENV_VAR's value before install() exported it (None: it was unset).
 _saved_env: list[str | None] = []
+# The class install() put in; empty while not installed.
+_installed: list[type] = []
 
 
 class UnsupportedVLLMVersionError(RuntimeError):
@@ -92,20 +133,38 @@ def vllm_version() -> str:
     return str(vllm.__version__)
 
 
-def check_vllm_version(version: str | None = None) -> str:
-    """Raise ``UnsupportedVLLMVersionError`` unless ``version`` (default: the
-    installed vLLM's) is a 0.15.x release; return the version checked."""
+def vllm_line(version: str | None = None, *, force: bool = False) -> VLLMLine:
+    """The line in ``VLLM_LINES`` that ``version`` (default: the installed
+    vLLM's) belongs to. Any other release raises
+    ``UnsupportedVLLMVersionError``, naming it and the supported lines; with
+    ``force=True`` it gets the newest line that starts at or before it (the
+    first line if none does or the version cannot be read)."""
     if version is None:
         version = vllm_version()
     match = re.match(r"\s*v?(\d+)\.(\d+)", version)
-    if match is None or (int(match[1]), int(match[2])) != SUPPORTED_VLLM:
-        wanted = ".".join(map(str, SUPPORTED_VLLM))
+    series = (int(match[1]), int(match[2])) if match else None
+    for line in VLLM_LINES:
+        if series in line.releases:
+            return line
+    if not force:
+        *older, newest = [line.describe() for line in VLLM_LINES]
         raise UnsupportedVLLMVersionError(
-            f"kvpool's BlockPool is a drop-in for vLLM {wanted}.x only; found "
-            f"vLLM {version}. Install a supported vLLM (pip install "
+            f"kvpool's BlockPool is a drop-in for vLLM {', '.join(older)} and "
+            f"{newest} only; found vLLM {version}. Install a supported vLLM (pip install "
             f"'kvpool[vllm]'), or leave kvpool out of this engine (unset "
             f"{ENV_VAR})."
         )
+    older = [line for line in VLLM_LINES if series and line.releases[0] <= series]
+    return older[-1] if older else VLLM_LINES[0]
+
+
+def check_vllm_version(version: str | None = None) -> str:
+    """Raise ``UnsupportedVLLMVersionError`` unless ``version`` (default: the
+    installed vLLM's) is a release of a line in ``VLLM_LINES``; return the
+    version checked."""
+    if version is None:
+        version = vllm_version()
+    vllm_line(version)
     return version
 
 
@@ -119,8 +178,10 @@ def install(*, force: bool = False) -> bool:
     """Make vLLM build kvpool's ``BlockPool`` in every ``KVCacheManager``
     created from now on, in this process.
 
-    Checks the vLLM version first (``UnsupportedVLLMVersionError`` on anything
-    but 0.15.x; ``force=True`` skips the check, at your own risk). Exports
+    The pool is the one of the installed vLLM's line (``VLLM_LINES``); any
+    other release raises ``UnsupportedVLLMVersionError``. ``force=True``
+    installs anyway, at your own risk, the pool of the nearest older line
+    (``vllm_line``). Exports
     ``KVPOOL_VLLM`` (``1``, or ``force``) so that vLLM processes started from
     now on install it as well. Idempotent and thread-safe: returns ``True`` if
     this call installed the pool, ``False`` if it was already installed.
@@ -128,21 +189,24 @@ def install(*, force: bool = False) -> bool:
     with _lock:
         if _originals:
             return False
-        if not force:
-            version = check_vllm_version()
-        else:
-            version = vllm_version()
-        from kvpool import USING_EXTENSION, BlockPool
+        version = vllm_version()
+        line = vllm_line(version, force=force)
+        block_pool = line.block_pool()
+        from kvpool import USING_EXTENSION
 
         modules = _target_modules()
         for module in modules:
             _originals[module] = module.BlockPool
         for module in modules:
-            module.BlockPool = BlockPool
+            module.BlockPool = block_pool
+        _installed.append(block_pool)
         _saved_env.append(os.environ.get(ENV_VAR))
         os.environ[ENV_VAR] = "force" if force else "1"
         logger.info(
-            "kvpool BlockPool installed into vLLM %s (%s core)",
+            "kvpool BlockPool of the %s line (%s.BlockPool) installed into vLLM %s "
+            "(%s core)",
+            line.name,
+            line.module,
             version,
             "compiled" if USING_EXTENSION else "pure-Python",
         )
@@ -155,11 +219,10 @@ def uninstall() -> bool:
     with _lock:
         if not _originals:
             return False
-        from kvpool import BlockPool
-
+        block_pool = _installed.pop()
         for module, original in _originals.items():
             current = module.BlockPool
-            if current is not BlockPool:
+            if current is not block_pool:
                 # Someone patched over us; put back what we found anyway, so
                 # uninstall() always leaves vLLM's own class in place.
                 logger.warning(
@@ -200,8 +263,8 @@ def plugin() -> None:
     """The ``vllm.general_plugins`` entry point. vLLM calls it in each of its
     processes (front end, engine core, workers) before it builds the
     scheduler; it installs kvpool's pool when ``KVPOOL_VLLM=1`` (``force``:
-    without the version check) and does nothing otherwise. An unsupported
-    vLLM with ``KVPOOL_VLLM=1`` is an error, not a silent fallback to vLLM's
+    ``install(force=True)``) and does nothing otherwise. An unsupported vLLM
+    with ``KVPOOL_VLLM=1`` is an error, not a silent fallback to vLLM's
     pool."""
     value = os.environ.get(ENV_VAR, "").strip().lower()
     if value == "force":

@@ -14,6 +14,8 @@ import logging
 import os
 
 import pytest
+from _vllm_helpers import STRICT, check_strict_core
+from _vllm_helpers import no_leftover_install as no_leftover_install  # autouse
 
 try:
     # Not just ``import vllm``: a checkout's tests/vllm directory on sys.path
@@ -26,8 +28,6 @@ except ImportError as exc:
     )
 else:
     VLLM_MISSING = ""
-
-STRICT = os.environ.get("KVPOOL_VLLM_STRICT") == "1"
 
 
 class _SkippedModule(pytest.Module):
@@ -66,13 +66,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         if STRICT:
             raise pytest.UsageError(f"KVPOOL_VLLM_STRICT=1 but {VLLM_MISSING}")
         return
-    import kvpool
-
-    if STRICT and not kvpool.USING_EXTENSION:
-        raise pytest.UsageError(
-            f"KVPOOL_VLLM_STRICT=1 but kvpool's compiled core is not loaded "
-            f"(kvpool imported from {kvpool.__file__})"
-        )
+    check_strict_core()
 
 
 @pytest.fixture(autouse=True)
@@ -81,18 +75,3 @@ def _quiet_pools() -> None:
     # output readable.
     for name in ("vllm.v1.core.block_pool", "kvpool.block_pool"):
         logging.getLogger(name).setLevel(logging.ERROR)
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_install(monkeypatch: pytest.MonkeyPatch):
-    """Every test starts and ends with vLLM's own pool in place and
-    KVPOOL_VLLM unset."""
-    if VLLM_MISSING:
-        yield
-        return
-    import kvpool.vllm as kv_vllm
-
-    kv_vllm.uninstall()
-    monkeypatch.delenv("KVPOOL_VLLM", raising=False)
-    yield
-    kv_vllm.uninstall()

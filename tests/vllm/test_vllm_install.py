@@ -1,26 +1,26 @@
 """``kvpool.vllm``: install/uninstall, the context manager, the
 ``vllm.general_plugins`` entry point and the version check, against a real
-vLLM 0.15.x."""
+vLLM of the 0.15 line (0.15.x, 0.16.x)."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 import vllm
 import vllm.plugins
 import vllm_workload as vw
+from _vllm_helpers import kvpool_entry_point
 from vllm.v1.core import block_pool as vllm_block_pool
 from vllm.v1.core import kv_cache_coordinator, single_type_kv_cache_manager
 
 import kvpool
 import kvpool.vllm as kv_vllm
 
-STRICT = os.environ.get("KVPOOL_VLLM_STRICT") == "1"
 SMALL = vw.FULL.scaled(num_requests=20, num_blocks=64)
 VLLM_POOL = vllm_block_pool.BlockPool
 
@@ -30,8 +30,10 @@ def manager_pool_type() -> type:
 
 
 def test_vllm_is_the_supported_line() -> None:
-    assert vllm.__version__.startswith("0.15.")
+    assert vllm.__version__.startswith(("0.15.", "0.16."))
     assert kv_vllm.check_vllm_version() == vllm.__version__
+    assert kv_vllm.vllm_line().name == "0.15"
+    assert kv_vllm.vllm_line().block_pool() is kvpool.BlockPool
 
 
 def test_install_uninstall_roundtrip() -> None:
@@ -79,12 +81,19 @@ def test_context_manager_restores_on_error() -> None:
     assert manager_pool_type() is VLLM_POOL
 
 
-@pytest.mark.parametrize("version", ["0.14.1", "0.16.0", "1.15.0", "0.1.5", "garbage"])
+@pytest.mark.parametrize(
+    "version", ["0.14.1", "0.17.0", "0.32.0", "0.34.0", "1.15.0", "0.1.5", "garbage"]
+)
 def test_version_refused(version: str, monkeypatch) -> None:
     with pytest.raises(kv_vllm.UnsupportedVLLMVersionError) as info:
         kv_vllm.check_vllm_version(version)
-    assert f"found vLLM {version}" in str(info.value)
-    assert "0.15.x" in str(info.value)
+    # The message names the release found and every supported line.
+    message = str(info.value)
+    assert f"found vLLM {version}" in message
+    assert "0.15.x, 0.16.x (kvpool.BlockPool)" in message
+    assert "0.33.x (kvpool.v0_33.BlockPool)" in message
+    with pytest.raises(kv_vllm.UnsupportedVLLMVersionError):
+        kv_vllm.vllm_line(version)
 
     monkeypatch.setattr(vllm, "__version__", version)
     with pytest.raises(
@@ -100,23 +109,98 @@ def test_version_refused(version: str, monkeypatch) -> None:
         kv_vllm.plugin()
     assert kv_cache_coordinator.BlockPool is VLLM_POOL
 
-    # force=True (KVPOOL_VLLM=force for the plugin) is the documented escape
-    # hatch; it is exported as such to child processes.
-    assert kv_vllm.install(force=True) is True
-    assert manager_pool_type() is kvpool.BlockPool
-    assert os.environ["KVPOOL_VLLM"] == "force"
-    assert kv_vllm.uninstall() is True
-    assert os.environ["KVPOOL_VLLM"] == "1"  # what the test had set
-    monkeypatch.setenv("KVPOOL_VLLM", "force")
-    kv_vllm.plugin()
-    assert manager_pool_type() is kvpool.BlockPool
+
+@pytest.fixture
+def stub_v0_33(monkeypatch) -> type:
+    """A stand-in ``kvpool.v0_33`` whose ``BlockPool`` is a marker class: these
+    tests are about which line is picked, in a vLLM of the 0.15 line, where
+    the 0.33 facade would not fit anyway."""
+
+    class BlockPool33:
+        pass
+
+    module = types.ModuleType("kvpool.v0_33")
+    module.BlockPool = BlockPool33
+    monkeypatch.setitem(sys.modules, "kvpool.v0_33", module)
+    return BlockPool33
 
 
 @pytest.mark.parametrize(
-    "version", ["0.15.0", "0.15.1", "0.15.2rc1", "0.15.1+cu129", "0.15.3.dev7"]
+    ("version", "line"),
+    [
+        ("0.14.1", "0.15"),
+        ("0.17.0", "0.15"),
+        ("0.32.0", "0.15"),
+        ("0.1.5", "0.15"),
+        ("garbage", "0.15"),
+        ("0.34.0", "0.33"),
+        ("1.15.0", "0.33"),
+    ],
 )
-def test_version_accepted(version: str) -> None:
+def test_force_installs_the_nearest_older_line(
+    version: str, line: str, stub_v0_33: type, monkeypatch
+) -> None:
+    """force=True (KVPOOL_VLLM=force for the plugin) is the documented escape
+    hatch: the pool of the newest line that starts at or before the release
+    (the first line if none does); it is exported as such to child
+    processes."""
+    assert kv_vllm.vllm_line(version, force=True).name == line
+    expected = kvpool.BlockPool if line == "0.15" else stub_v0_33
+    monkeypatch.setattr(vllm, "__version__", version)
+    monkeypatch.setenv("KVPOOL_VLLM", "1")
+
+    assert kv_vllm.install(force=True) is True
+    assert kv_cache_coordinator.BlockPool is expected
+    assert single_type_kv_cache_manager.BlockPool is expected
+    if line == "0.15":
+        assert manager_pool_type() is kvpool.BlockPool
+    assert os.environ["KVPOOL_VLLM"] == "force"
+    assert kv_vllm.uninstall() is True
+    assert os.environ["KVPOOL_VLLM"] == "1"  # what the test had set
+    assert kv_cache_coordinator.BlockPool is VLLM_POOL
+
+    monkeypatch.setenv("KVPOOL_VLLM", "force")
+    kv_vllm.plugin()
+    assert kv_cache_coordinator.BlockPool is expected
+
+
+@pytest.mark.parametrize(
+    ("version", "line"),
+    [
+        ("0.15.0", "0.15"),
+        ("0.15.1", "0.15"),
+        ("0.15.2rc1", "0.15"),
+        ("0.15.1+cu129", "0.15"),
+        ("0.15.3.dev7", "0.15"),
+        ("0.16.0", "0.15"),
+        ("0.16.1rc1", "0.15"),
+        ("0.33.0", "0.33"),
+        ("0.33.1+cpu", "0.33"),
+    ],
+)
+def test_version_accepted(version: str, line: str) -> None:
     assert kv_vllm.check_vllm_version(version) == version
+    assert kv_vllm.vllm_line(version).name == line
+
+
+@pytest.mark.parametrize("version", ["0.15.1", "0.16.0"])
+def test_install_on_the_0_15_line(version: str, monkeypatch) -> None:
+    """Both releases of the 0.15 line get kvpool.BlockPool, without force."""
+    monkeypatch.setattr(vllm, "__version__", version)
+    with kv_vllm.enabled():
+        assert os.environ["KVPOOL_VLLM"] == "1"
+        assert manager_pool_type() is kvpool.BlockPool
+    assert manager_pool_type() is VLLM_POOL
+
+
+def test_install_on_the_0_33_line(stub_v0_33: type, monkeypatch) -> None:
+    """vLLM 0.33.x gets kvpool.v0_33.BlockPool, without force, imported only
+    then."""
+    monkeypatch.setattr(vllm, "__version__", "0.33.0")
+    with kv_vllm.enabled():
+        assert kv_cache_coordinator.BlockPool is stub_v0_33
+        assert single_type_kv_cache_manager.BlockPool is stub_v0_33
+    assert kv_cache_coordinator.BlockPool is VLLM_POOL
 
 
 @pytest.mark.parametrize("value", [None, "", "0", "no"])
@@ -130,19 +214,8 @@ def test_plugin_does_nothing_unless_asked(value, monkeypatch) -> None:
     assert manager_pool_type() is VLLM_POOL
 
 
-def _kvpool_entry_point():
-    for ep in importlib.metadata.entry_points(group="vllm.general_plugins"):
-        if ep.name == "kvpool":
-            return ep
-    if STRICT:
-        pytest.fail("kvpool's vllm.general_plugins entry point is not installed")
-    pytest.skip(
-        "kvpool is not pip-installed here (no vllm.general_plugins entry point)"
-    )
-
-
 def test_entry_point_declared() -> None:
-    ep = _kvpool_entry_point()
+    ep = kvpool_entry_point()
     assert ep.value == "kvpool.vllm:plugin"
     assert ep.load() is kv_vllm.plugin
 
@@ -150,7 +223,7 @@ def test_entry_point_declared() -> None:
 def test_plugin_via_vllm_loader(monkeypatch) -> None:
     """vLLM's own loader (as its engine and workers call it) installs kvpool
     when KVPOOL_VLLM=1."""
-    _kvpool_entry_point()
+    kvpool_entry_point()
     monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
     monkeypatch.delenv("VLLM_PLUGINS", raising=False)
     monkeypatch.setenv("KVPOOL_VLLM", "1")
@@ -187,7 +260,7 @@ def _pool_module_in_child(env: dict[str, str]) -> str:
 
 def test_plugin_in_fresh_process() -> None:
     """End to end: only the environment variable differs between the runs."""
-    _kvpool_entry_point()
+    kvpool_entry_point()
     assert _pool_module_in_child(dict(os.environ, KVPOOL_VLLM="1")) == "kvpool"
     assert (
         _pool_module_in_child(dict(os.environ, KVPOOL_VLLM="0"))
@@ -198,7 +271,7 @@ def test_plugin_in_fresh_process() -> None:
 def test_install_reaches_spawned_processes() -> None:
     """A process started (e.g. spawned by vLLM) while install() is in effect
     installs kvpool too, through the exported KVPOOL_VLLM and the plugin."""
-    _kvpool_entry_point()
+    kvpool_entry_point()
     with kv_vllm.enabled():
         assert _pool_module_in_child(dict(os.environ)) == "kvpool"
     assert _pool_module_in_child(dict(os.environ)) == "vllm.v1.core.block_pool"
@@ -206,11 +279,14 @@ def test_install_reaches_spawned_processes() -> None:
 
 def test_import_kvpool_does_not_import_vllm() -> None:
     """vLLM is not a dependency: neither ``import kvpool`` nor
-    ``import kvpool.vllm`` loads it (only install() does)."""
+    ``import kvpool.vllm`` loads it (only install() does); nor does
+    ``import kvpool.vllm`` load a line's facade."""
     code = (
-        "import sys, kvpool, kvpool.vllm; "
+        "import sys, kvpool; before = set(sys.modules); import kvpool.vllm; "
         "assert not [m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')], "
-        "sorted(m for m in sys.modules if m.startswith('vllm'))"
+        "sorted(m for m in sys.modules if m.startswith('vllm')); "
+        "facades = [m for m in set(sys.modules) - before if m.startswith('kvpool.v0_')]; "
+        "assert not facades, facades"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code],

@@ -1,0 +1,51 @@
+"""What the tests against a real vLLM (tests/vllm for the 0.15 line,
+tests/vllm33 for the 0.33 line) share: the strict-mode checks, kvpool's
+entry point, and a clean install state around every test. Imports neither
+vLLM nor anything that does."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+
+import pytest
+
+#: Set by .ci/vllm-tests.sh: what would be a skip or a quiet fallback (the
+#: pure-Python core, a kvpool without its entry point) is a failure.
+STRICT = os.environ.get("KVPOOL_VLLM_STRICT") == "1"
+
+
+def check_strict_core() -> None:
+    """Under KVPOOL_VLLM_STRICT=1, kvpool's compiled core must be loaded."""
+    import kvpool
+
+    if STRICT and not kvpool.USING_EXTENSION:
+        raise pytest.UsageError(
+            f"KVPOOL_VLLM_STRICT=1 but kvpool's compiled core is not loaded "
+            f"(kvpool imported from {kvpool.__file__})"
+        )
+
+
+def kvpool_entry_point() -> importlib.metadata.EntryPoint:
+    """kvpool's ``vllm.general_plugins`` entry point; without it (kvpool not
+    pip-installed) the test is skipped, or fails under KVPOOL_VLLM_STRICT=1."""
+    for ep in importlib.metadata.entry_points(group="vllm.general_plugins"):
+        if ep.name == "kvpool":
+            return ep
+    if STRICT:
+        pytest.fail("kvpool's vllm.general_plugins entry point is not installed")
+    pytest.skip(
+        "kvpool is not pip-installed here (no vllm.general_plugins entry point)"
+    )
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_install(monkeypatch: pytest.MonkeyPatch):
+    """Every test starts and ends with vLLM's own pool in place and
+    KVPOOL_VLLM unset (a conftest imports this to make it autouse there)."""
+    import kvpool.vllm as kv_vllm
+
+    kv_vllm.uninstall()
+    monkeypatch.delenv("KVPOOL_VLLM", raising=False)
+    yield
+    kv_vllm.uninstall()
