@@ -149,6 +149,7 @@ cibw_ids=$(cibuildwheel --print-build-identifiers --platform linux --archs x86_6
     || die "[tool.cibuildwheel] builds $(echo $cibw_ids), the supported range is $(echo $expected_ids)"
 say "cibuildwheel would build: $(echo $cibw_ids)"
 test_command=$("$tool_py" "$checks" test-command "$root/pyproject.toml")
+mapfile -t test_sources < <("$tool_py" "$checks" test-sources "$root/pyproject.toml")
 
 # --- sdist -------------------------------------------------------------------
 
@@ -217,16 +218,18 @@ done
 # pip as a user's would be: no configuration of this machine, only wheelhouse.
 pip_free_env=(env)
 for name in $(compgen -e); do
-    case $name in PIP_*|PYTHONPATH|PYTHONHOME|PYTHONSTARTUP) pip_free_env+=(-u "$name") ;; esac
+    case $name in PIP_*|PYTHONPATH|PYTHONHOME|PYTHONSTARTUP|VIRTUAL_ENV) pip_free_env+=(-u "$name") ;; esac
 done
 pip_free_env+=(PIP_CONFIG_FILE=/dev/null PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1
                PYTHONNOUSERSITE=1 CC=/bin/false CXX=/bin/false)
 
-# test_tree DEST FROM: a directory with FROM's tests/ and README.md and no
-# kvpool/, so that only the installed package can be imported.
+# test_tree DEST FROM: a directory with FROM's cibuildwheel test-sources
+# (tests/, README.md, ...) and no kvpool/, so that only the installed package
+# can be imported.
 test_tree() {
     mkdir -p "$1"
-    cp -r "$2/tests" "$2/README.md" "$1/"
+    local f
+    for f in "${test_sources[@]}"; do cp -r "$2/$f" "$1/"; done
 }
 
 # run_tests LABEL VENV TREE: the cibuildwheel test command in TREE; the counts

@@ -7,6 +7,7 @@ what it verified and exits non-zero with the reason when something is off.
 
     release_checks.py config PYPROJECT VERSION...   pyproject agrees with the versions the script builds
     release_checks.py test-command PYPROJECT        [tool.cibuildwheel] test-command, as one shell line
+    release_checks.py test-sources PYPROJECT        [tool.cibuildwheel] test-sources, one a line
     release_checks.py marker-env                    this interpreter's PEP 508 marker environment (JSON)
     release_checks.py test-deps WHEEL ENV_JSON      what `pip install kvpool[test]` would pull in, minus kvpool
     release_checks.py wheel WHEEL                   a repaired wheel has what a user needs, and nothing built for the sdist
@@ -94,7 +95,11 @@ def cmd_config(pyproject: str, *versions: str) -> None:
 
 def cmd_test_command(pyproject: str) -> None:
     command = load_toml(pyproject)["tool"]["cibuildwheel"]["test-command"]
-    print(" && ".join(as_list(command)) if isinstance(command, list) else command)
+    print(" && ".join(command) if isinstance(command, list) else command)
+
+
+def cmd_test_sources(pyproject: str) -> None:
+    print("\n".join(as_list(load_toml(pyproject)["tool"]["cibuildwheel"]["test-sources"])))
 
 
 def cmd_marker_env() -> None:
@@ -235,6 +240,7 @@ def cmd_pytest_counts(log: str) -> None:
 COMMANDS = {
     "config": cmd_config,
     "test-command": cmd_test_command,
+    "test-sources": cmd_test_sources,
     "marker-env": cmd_marker_env,
     "test-deps": cmd_test_deps,
     "wheel": cmd_wheel,
