@@ -43,12 +43,24 @@ started=$SECONDS
 say() { printf '[build-wheels %3ds] %s\n' $((SECONDS - started)) "$*" >&2; }
 die() { say "ERROR: $*"; exit 1; }
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/kvpool-wheels.XXXXXX")
+# Temporary files (venvs, logs; a few hundred MB): $TMPDIR if set, else
+# /dev/shm when it is an executable tmpfs with room (removing the venvs' many
+# files from this machine's virtual disk took up to a minute), else /tmp.
+tmp_base=${TMPDIR:-}
+if [ -z "$tmp_base" ]; then
+    tmp_base=/tmp
+    if [ -w /dev/shm ] && awk '$2 == "/dev/shm" && $3 == "tmpfs" && $4 !~ /noexec/ {ok = 1} END {exit !ok}' /proc/mounts \
+        && [ "$(df -Pk /dev/shm | awk 'NR == 2 {print $4}')" -gt $((2 * 1024 * 1024)) ]; then
+        tmp_base=/dev/shm
+    fi
+fi
+work=$(mktemp -d "$tmp_base/kvpool-wheels.XXXXXX")
 cleanup() {
     if [ "$keep_temp" = 1 ]; then say "temporary files kept in $work"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 mkdir -p "$work/logs"
+say "temporary files: $work"
 
 # run LOG CMD...: the command's output goes to LOG; on failure its tail is shown.
 run() {
