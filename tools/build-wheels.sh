@@ -206,7 +206,7 @@ for v in "${selected[@]}"; do
     say "wheel $v: auditwheel repair --plat $tag (the lowest its symbols allow; $libs external libraries to vendor)"
     run "repair-$v" auditwheel repair --plat "$tag" --wheel-dir "$work/repaired-$v" "$raw"
     whl=$(ls "$work/repaired-$v"/kvpool-*.whl)
-    "$tool_py" "$checks" wheel "$whl" >&2
+    "$tool_py" "$checks" wheel "$whl" "$work/files.txt" >&2
     cp "$whl" "$out/"
     wheel_of[$v]=$out/$(basename "$whl")
 done

@@ -10,7 +10,7 @@ what it verified and exits non-zero with the reason when something is off.
     release_checks.py test-sources PYPROJECT        [tool.cibuildwheel] test-sources, one a line
     release_checks.py marker-env                    this interpreter's PEP 508 marker environment (JSON)
     release_checks.py test-deps WHEEL ENV_JSON      what `pip install kvpool[test]` would pull in, minus kvpool
-    release_checks.py wheel WHEEL                   a repaired wheel has what a user needs, and nothing built for the sdist
+    release_checks.py wheel WHEEL FILE_LIST         a repaired wheel has every kvpool/ file of FILE_LIST, the compiled core, metadata
     release_checks.py sdist SDIST FILE_LIST         the sdist has everything to build, test and license kvpool
     release_checks.py installed [WHEEL]             run in a test venv: the installed kvpool (from WHEEL) and its compiled core are imported
     release_checks.py pytest-counts LOG             "passed=N failed=N ..." from a pytest log's last summary line
@@ -150,7 +150,13 @@ def cmd_test_deps(wheel: str, env_json: str) -> None:
             print(req)
 
 
-def cmd_wheel(wheel: str) -> None:
+def package_files(file_list: str) -> list[str]:
+    """The source tree's files of kvpool/ (subpackages too) and tests/."""
+    return [p for p in Path(file_list).read_text().splitlines()
+            if p.startswith((f"{PACKAGE}/", "tests/")) and not p.endswith(".c")]
+
+
+def cmd_wheel(wheel: str, file_list: str) -> None:
     from email.parser import HeaderParser
 
     names, text = wheel_metadata(wheel)
@@ -164,6 +170,8 @@ def cmd_wheel(wheel: str) -> None:
     for suffix in PACKAGE_SUFFIXES:
         if not any(n.startswith(f"{PACKAGE}/") and n.endswith(suffix) for n in names):
             problems.append(f"no {suffix} in kvpool/")
+    if missing := [p for p in package_files(file_list) if p.startswith(f"{PACKAGE}/") and p not in names]:
+        problems.append(f"it lacks {', '.join(missing)}")
     if any(n.endswith(".c") for n in names):
         problems.append("it carries generated C source")
     if not any(re.search(r"\.dist-info/licenses/LICENSE$", n) for n in names):
@@ -174,7 +182,7 @@ def cmd_wheel(wheel: str) -> None:
         problems.append("no Requires-Python")
     if problems:
         fail(f"{Path(wheel).name}: " + "; ".join(problems))
-    print(f"{Path(wheel).name}: compiled core, .pyx/.pxd/.pyi/py.typed, LICENSE, "
+    print(f"{Path(wheel).name}: compiled core, every file of kvpool/, LICENSE, "
           f"License-Expression {meta['License-Expression']}, Requires-Python {meta['Requires-Python']}")
 
 
@@ -185,9 +193,7 @@ def cmd_sdist(sdist: str, file_list: str) -> None:
         members = tf.getnames()
     top = members[0].split("/")[0]
     have = {m[len(top) + 1:] for m in members if m.startswith(top + "/")}
-    expected = [p for p in Path(file_list).read_text().splitlines()
-                if p.startswith((f"{PACKAGE}/", "tests/")) and not p.endswith(".c")]
-    missing = [p for p in (*SDIST_REQUIRED, *expected) if p not in have]
+    missing = [p for p in (*SDIST_REQUIRED, *package_files(file_list)) if p not in have]
     for suffix in PACKAGE_SUFFIXES:
         if not any(p.startswith(f"{PACKAGE}/") and p.endswith(suffix) for p in have):
             missing.append(f"kvpool/*{suffix}")
