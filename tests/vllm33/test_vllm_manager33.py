@@ -17,11 +17,16 @@ Copy-on-write: vLLM 0.33's manager copies a block only on a *partial* prefix
 hit (a hit ending inside a block, ``_apply_cow``), and partial hits are only
 enabled by ``partial_hash_hits_enabled``: a hybrid model with a Mamba group in
 "align" cache mode whose block is larger than the hash block. Attention-only
-models never take it (on any device); ``test_copy_on_write_needs_mamba_align``
-pins that down. What attention-only models do take, and what the
-``shared-running-prefix`` workload exercises, is a prefix hit on blocks that a
-running request holds at that moment (``touch`` of blocks with
-``ref_cnt > 0``).
+models never take it (on any device; ``test_copy_on_write_needs_mamba_align``
+pins that down); the manager is pure Python, so on CPU it takes it exactly as
+on a GPU. The ``mamba-cow`` workload (full attention + Mamba "align", 64-token
+blocks, 16-token hashes, repeated prompts) does: partial hits, ``_apply_cow``,
+``move_block_hashes``, ``ref_cnt += 1`` on pool blocks from outside the pool,
+and the scheduler's free of the retained copy endpoints, where a source block
+copied for two requests in one step is in one ``free_blocks`` call twice.
+What attention-only models do take, and what the ``shared-running-prefix``
+workload exercises, is a prefix hit on blocks that a running request holds at
+that moment (``touch`` of blocks with ``ref_cnt > 0``).
 """
 
 from __future__ import annotations
@@ -34,14 +39,25 @@ from types import ModuleType
 
 import msgspec
 import pytest
-import vllm_workload33 as vw
-from vllm.v1.core import block_pool as vllm_block_pool
-from vllm.v1.core import kv_cache_coordinator
-from vllm.v1.core import single_type_kv_cache_manager
-from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled
 
-import kvpool
-from kvpool.v0_33.vllm_events import vllm_block_pool_class
+try:
+    # Not just ``import vllm``: a checkout's tests/vllm directory on sys.path
+    # would satisfy that as an empty namespace package.
+    import vllm.v1.core.kv_cache_manager  # noqa: F401
+    from vllm import __version__ as _vllm_version
+except ImportError as exc:
+    pytest.skip(f"vLLM 0.33.x is not importable here ({exc})", allow_module_level=True)
+if not _vllm_version.startswith("0.33."):
+    pytest.skip(f"vLLM {_vllm_version} is not 0.33.x", allow_module_level=True)
+
+import vllm_workload33 as vw  # noqa: E402
+from vllm.v1.core import block_pool as vllm_block_pool  # noqa: E402
+from vllm.v1.core import kv_cache_coordinator  # noqa: E402
+from vllm.v1.core import single_type_kv_cache_manager  # noqa: E402
+from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled  # noqa: E402
+
+import kvpool  # noqa: E402
+from kvpool.v0_33.vllm_events import vllm_block_pool_class  # noqa: E402
 
 WORKLOADS = {
     "full": vw.FULL.scaled(num_requests=900),
@@ -68,6 +84,18 @@ WORKLOADS = {
         num_requests=500,
         num_prefixes=6,
         arrivals_per_step=2,
+        num_blocks=400,
+        metrics_sample_rate=0.5,
+    ),
+    # Sub-block prefix hits and their copy-on-write (see the module docstring).
+    "mamba-cow": vw.FULL.scaled(
+        name="full attention + Mamba align: partial hits, copy-on-write",
+        groups=(vw.Group("full", 64), vw.Group("mamba", 64)),
+        hash_block_size=16,
+        num_requests=300,
+        num_prefixes=6,
+        arrivals_per_step=2,
+        repeat_every=3,
         num_blocks=400,
         metrics_sample_rate=0.5,
     ),
@@ -261,6 +289,10 @@ def test_same_decisions_and_events(
         assert any(e[0] == "step" and e[7] for e in expected.trace)
     if key == "shared-running-prefix":
         assert expected.hits_on_blocks_in_use > 0
+    if key == "mamba-cow":
+        assert expected.cow_copies > 0
+        # A source copied for two requests in one step: freed twice in one call.
+        assert any(e[0] == "drain" and len(set(e[3])) < len(e[3]) for e in expected.trace)
     if key == "full32+sliding16":
         # Prompts ending inside a 32-token block: cache_partial_block, whose
         # BlockStored covers fewer tokens than the block.
@@ -332,7 +364,9 @@ def test_copy_on_write_needs_mamba_align() -> None:
     ever copies; they do hit blocks held by running requests."""
     for key, w in WORKLOADS.items():
         groups = vw.kv_cache_config(w).kv_cache_groups
-        assert not partial_hash_hits_enabled(groups, w.hash_block_size), key
+        assert partial_hash_hits_enabled(groups, w.hash_block_size) == (
+            key == "mamba-cow"
+        ), key
     r = reference_run("shared-running-prefix", WORKLOADS["shared-running-prefix"])
     assert r.cow_copies == 0
     assert r.hits_on_blocks_in_use > 0

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 import os
 import random
@@ -66,15 +67,19 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
+import torch
 from vllm.distributed.kv_events import KVEventBatch
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_metrics import KVCacheMetricsCollector
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import KVCacheSpec, MambaSpec
 from vllm.v1.request import Request, RequestStatus
 
 # What does not depend on the vLLM line (groups, workload knobs, the request
@@ -85,10 +90,8 @@ import vllm_workload as _v15  # noqa: E402
 
 from vllm_workload import (  # noqa: E402
     VOCAB,
-    Group,
     _ids,
     _request_specs,
-    kv_cache_config,
 )
 
 __all__ = ["VOCAB", "Group", "Workload", "Run", "run", "build_requests", "make_manager"]
@@ -97,11 +100,36 @@ VLLM_LINE = "0.33"
 
 
 @dataclass(frozen=True)
+class Group(_v15.Group):
+    """One KV-cache group: ``full`` attention, a ``sliding`` window, or (0.33)
+    a ``mamba`` state group in "align" cache mode (what enables vLLM 0.33's
+    sub-block prefix hits and their copy-on-write)."""
+
+    def spec(self) -> KVCacheSpec:
+        if self.kind == "mamba":
+            return MambaSpec(
+                block_size=self.block_size,
+                shapes=((4,),),
+                dtypes=(torch.float16,),
+                mamba_cache_mode="align",
+            )
+        return super().spec()
+
+
+def kv_cache_config(w: _v15.Workload) -> Any:
+    return _v15.kv_cache_config(w)
+
+
+@dataclass(frozen=True)
 class Workload(_v15.Workload):
     # Arrivals: 0 puts a whole phase in the waiting queue at once; n > 0 admits
     # n new requests per step (so requests arrive while others sharing their
     # prefix are still running and their blocks are in use).
     arrivals_per_step: int = 0
+    # Every n-th request repeats the previous request's prompt exactly (a
+    # retry, or the same question twice): with sub-block hits on, it hits the
+    # partial tail block the other one cached. 0: never.
+    repeat_every: int = 0
 
     @property
     def scheduler_block_size(self) -> int:
@@ -158,7 +186,10 @@ def build_requests(w: Workload) -> list[Request]:
     engine does."""
     hasher = kv_cache_utils.get_request_block_hasher(w.hash_block_size, sha256)
     requests = []
-    for spec in _request_specs(w):
+    specs = _request_specs(w)
+    for i, spec in enumerate(specs):
+        if w.repeat_every and i % w.repeat_every == w.repeat_every - 1:
+            spec = dataclasses.replace(spec, prompt=specs[i - 1].prompt)
         req = Request(
             request_id=spec.request_id,
             prompt_token_ids=spec.prompt,
@@ -170,6 +201,34 @@ def build_requests(w: Workload) -> list[Request]:
         req._kvpool_outputs = spec.outputs  # the tokens the "model" will emit
         requests.append(req)
     return requests
+
+
+def _mamba_split(w: Workload, mgr: KVCacheManager) -> Callable[..., int] | None:
+    """With a Mamba "align" group the scheduler clips prefill chunks to where
+    Mamba state must be cached: vLLM's own
+    ``Scheduler._mamba_block_aligned_split``, bound to the attributes it
+    reads, set as ``Scheduler.__init__`` sets them for this configuration
+    (no EAGLE, no prefill-checkpoint blocks, no long-prefill threshold)."""
+    mamba = [g for g in w.groups if g.kind == "mamba"]
+    if not mamba or not w.enable_caching:
+        return None
+    partial = (
+        w.hash_block_size < w.scheduler_block_size
+        and mgr.coordinator.enable_partial_hash_hits
+    )
+    scheduler = SimpleNamespace(
+        cache_config=SimpleNamespace(block_size=mamba[0].block_size),
+        hash_block_size=w.hash_block_size,
+        use_eagle_block_drop=False,
+        num_hash_lookahead_tokens=0,
+        mamba_has_prefill_checkpoint_blocks=False,
+        mamba_prefill_checkpoint_alignment=None,
+        max_num_scheduled_tokens=w.token_budget,
+        scheduler_config=SimpleNamespace(long_prefill_token_threshold=0),
+        mamba_partial_cache_hit=partial,
+        mamba_shared_prefix_checkpoint=partial and mgr.mamba_shared_prefix_checkpoint,
+    )
+    return functools.partial(Scheduler._mamba_block_aligned_split, scheduler)
 
 
 def run(
@@ -186,6 +245,7 @@ def run(
     if w.metrics_sample_rate is not None:
         random.seed(w.seed)  # the collector samples with the global RNG
     mgr = make_manager(w)
+    split = _mamba_split(w, mgr)
     if on_manager is not None:
         on_manager(mgr)
     if requests is None:
@@ -243,6 +303,8 @@ def run(
                 req = running[i]
                 num_new = min(req.num_tokens - req.num_computed_tokens, budget)
                 num_new = min(num_new, w.max_model_len - req.num_computed_tokens - 1)
+                if split is not None:
+                    num_new = split(req, num_new)
                 if num_new <= 0:
                     i += 1
                     continue
@@ -310,6 +372,10 @@ def run(
                         )
                     )
                 num_new = min(req.num_tokens - num_computed, budget)
+                if split is not None:
+                    num_new = split(req, num_new, num_computed, 0)
+                    if num_new == 0:
+                        break
                 t0 = clock()
                 new_blocks = mgr.allocate_slots(
                     req,
