@@ -72,7 +72,6 @@ from typing import Any
 
 import msgspec
 import torch
-from vllm.distributed.kv_events import KVEventBatch
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core import kv_cache_utils
@@ -169,14 +168,6 @@ def make_manager(w: Workload) -> KVCacheManager:
         metrics_collector=collector,
         watermark=0.0,
         enable_mamba_shared_prefix_checkpoint=False,
-    )
-
-
-def _stats_tuple(stats: Any) -> tuple:
-    # 0.33's PrefixCacheStats has a dict field (hits_by_source).
-    return tuple(
-        (k, tuple(sorted(v.items())) if isinstance(v, dict) else v)
-        for k, v in sorted(dataclasses.asdict(stats).items())
     )
 
 
@@ -463,60 +454,10 @@ def run(
                 if record:
                     trace.append(("free", step, req.request_id))
 
-            # 5. Occasional cache maintenance.
-            if w.evict_every and step % w.evict_every == 0:
-                ids = {rng.randrange(w.num_blocks) for _ in range(w.evict_count)}
-                t0 = clock()
-                mgr.evict_blocks(ids)
-                spent += clock() - t0
-                calls += 1
-                if record:
-                    trace.append(("evict", step, tuple(sorted(ids))))
-            if w.busy_reset_every and step % w.busy_reset_every == 0:
-                t0 = clock()
-                ok = mgr.reset_prefix_cache()
-                spent += clock() - t0
-                calls += 1
-                out.busy_resets_refused += not ok
-                if record:
-                    trace.append(("reset", step, ok))
-
-            # 6. What the engine publishes every step.
-            t0 = clock()
-            events = mgr.take_events()
-            stats = mgr.make_prefix_cache_stats()
-            usage = mgr.usage
-            spent += clock() - t0
-            calls += 3
-            out.events += len(events)
-            if record:
-                batch = (
-                    encoder.encode(KVEventBatch(ts=float(step), events=events))
-                    if events
-                    else b""
-                )
-                common = (
-                    tuple(mgr.get_num_common_prefix_blocks(running[0].request_id))
-                    if running
-                    else ()
-                )
-                evictions = (
-                    len(mgr.metrics_collector.drain_events())
-                    if mgr.metrics_collector
-                    else 0
-                )
-                trace.append(
-                    (
-                        "step",
-                        step,
-                        batch,
-                        _stats_tuple(stats),
-                        usage,
-                        mgr.block_pool.get_num_free_blocks(),
-                        common,
-                        evictions,
-                    )
-                )
+            # 5. Occasional cache maintenance; 6. what the engine publishes.
+            dt, n = _v15.end_of_step(w, mgr, step, rng, running, out, record, encoder)
+            spent += dt
+            calls += n
 
     out.wall_seconds = clock() - wall0
     out.manager_seconds = spent
