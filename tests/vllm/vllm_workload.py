@@ -197,7 +197,11 @@ def _ids(blocks: Any) -> tuple | None:
 
 
 def _stats_tuple(stats: Any) -> tuple:
-    return tuple(sorted(dataclasses.asdict(stats).items()))
+    # (vLLM 0.33's PrefixCacheStats has a dict field, hits_by_source.)
+    return tuple(
+        (k, tuple(sorted(v.items())) if isinstance(v, dict) else v)
+        for k, v in sorted(dataclasses.asdict(stats).items())
+    )
 
 
 def build_requests(w: Workload) -> list[Request]:
@@ -219,6 +223,77 @@ def build_requests(w: Workload) -> list[Request]:
         req._kvpool_outputs = spec.outputs  # the tokens the "model" will emit
         requests.append(req)
     return requests
+
+
+def end_of_step(
+    w: Workload,
+    mgr: KVCacheManager,
+    step: int,
+    rng: random.Random,
+    running: list[Request],
+    out: Run,
+    record: bool,
+    encoder: msgspec.msgpack.Encoder,
+) -> tuple[float, int]:
+    """The end of every step, the same in each vLLM line's driver: occasional
+    ``evict_blocks`` / busy ``reset_prefix_cache``, then ``take_events``,
+    ``make_prefix_cache_stats`` and ``usage`` (recorded with the step's
+    ``KVEventBatch`` bytes, free count, common-prefix counts and eviction
+    samples). Returns the seconds spent inside manager calls and their
+    number."""
+    trace = out.trace
+    clock = time.perf_counter
+    spent = 0.0
+    calls = 0
+    if w.evict_every and step % w.evict_every == 0:
+        ids = {rng.randrange(w.num_blocks) for _ in range(w.evict_count)}
+        t0 = clock()
+        mgr.evict_blocks(ids)
+        spent += clock() - t0
+        calls += 1
+        if record:
+            trace.append(("evict", step, tuple(sorted(ids))))
+    if w.busy_reset_every and step % w.busy_reset_every == 0:
+        t0 = clock()
+        ok = mgr.reset_prefix_cache()
+        spent += clock() - t0
+        calls += 1
+        out.busy_resets_refused += not ok
+        if record:
+            trace.append(("reset", step, ok))
+
+    t0 = clock()
+    events = mgr.take_events()
+    stats = mgr.make_prefix_cache_stats()
+    usage = mgr.usage
+    spent += clock() - t0
+    calls += 3
+    out.events += len(events)
+    if record:
+        batch = (
+            encoder.encode(KVEventBatch(ts=float(step), events=events)) if events else b""
+        )
+        common = (
+            tuple(mgr.get_num_common_prefix_blocks(running[0].request_id))
+            if running
+            else ()
+        )
+        evictions = (
+            len(mgr.metrics_collector.drain_events()) if mgr.metrics_collector else 0
+        )
+        trace.append(
+            (
+                "step",
+                step,
+                batch,
+                _stats_tuple(stats),
+                usage,
+                mgr.block_pool.get_num_free_blocks(),
+                common,
+                evictions,
+            )
+        )
+    return spent, calls
 
 
 def run(
@@ -362,60 +437,10 @@ def run(
                 if record:
                     trace.append(("free", step, req.request_id))
 
-            # 4. Occasional cache maintenance.
-            if w.evict_every and step % w.evict_every == 0:
-                ids = {rng.randrange(w.num_blocks) for _ in range(w.evict_count)}
-                t0 = clock()
-                mgr.evict_blocks(ids)
-                spent += clock() - t0
-                calls += 1
-                if record:
-                    trace.append(("evict", step, tuple(sorted(ids))))
-            if w.busy_reset_every and step % w.busy_reset_every == 0:
-                t0 = clock()
-                ok = mgr.reset_prefix_cache()
-                spent += clock() - t0
-                calls += 1
-                out.busy_resets_refused += not ok
-                if record:
-                    trace.append(("reset", step, ok))
-
-            # 5. What the engine publishes every step.
-            t0 = clock()
-            events = mgr.take_events()
-            stats = mgr.make_prefix_cache_stats()
-            usage = mgr.usage
-            spent += clock() - t0
-            calls += 3
-            out.events += len(events)
-            if record:
-                batch = (
-                    encoder.encode(KVEventBatch(ts=float(step), events=events))
-                    if events
-                    else b""
-                )
-                common = (
-                    tuple(mgr.get_num_common_prefix_blocks(running[0].request_id))
-                    if running
-                    else ()
-                )
-                evictions = (
-                    len(mgr.metrics_collector.drain_events())
-                    if mgr.metrics_collector
-                    else 0
-                )
-                trace.append(
-                    (
-                        "step",
-                        step,
-                        batch,
-                        _stats_tuple(stats),
-                        usage,
-                        mgr.block_pool.get_num_free_blocks(),
-                        common,
-                        evictions,
-                    )
-                )
+            # 4. Occasional cache maintenance; 5. what the engine publishes.
+            dt, n = end_of_step(w, mgr, step, rng, running, out, record, encoder)
+            spent += dt
+            calls += n
 
     out.wall_seconds = clock() - wall0
     out.manager_seconds = spent

@@ -1,0 +1,394 @@
+"""Differential tests: vLLM 0.33.x's own ``KVCacheManager`` driven the way its
+scheduler drives it (``vllm_workload33``), once over vLLM's ``BlockPool`` and
+once over kvpool's 0.33 pool (each core), must make identical decisions and
+publish identical bytes.
+
+What is compared (see ``vllm_workload33.run``): every ``allocate_slots``
+result (block ids per group, or ``None``), every ``get_computed_blocks``
+result (block ids, token count, shared-prefix boundary), preemptions and
+frees, the per-step copy-on-write pairs and new-block ids, the cached-token
+estimate of each request's first token, ``reset_prefix_cache`` results, and
+after every step the msgpack bytes of vLLM's own ``KVEventBatch`` built from
+``take_events()``, the ``PrefixCacheStats``, usage, free-block count,
+common-prefix counts and (with a metrics collector) the number of eviction
+samples.
+
+Copy-on-write: vLLM 0.33's manager copies a block only on a *partial* prefix
+hit (a hit ending inside a block, ``_apply_cow``), and partial hits are only
+enabled by ``partial_hash_hits_enabled``: a hybrid model with a Mamba group in
+"align" cache mode whose block is larger than the hash block. Attention-only
+models never take it (on any device; ``test_copy_on_write_needs_mamba_align``
+pins that down); the manager is pure Python, so on CPU it takes it exactly as
+on a GPU. The ``mamba-cow`` workload (full attention + Mamba "align", 64-token
+blocks, 16-token hashes, repeated prompts) does: partial hits, ``_apply_cow``,
+``move_block_hashes``, ``ref_cnt += 1`` on pool blocks from outside the pool,
+and the scheduler's free of the retained copy endpoints, where a source block
+copied for two requests in one step is in one ``free_blocks`` call twice.
+What attention-only models do take, and what the ``shared-running-prefix``
+workload exercises, is a prefix hit on blocks that a running request holds at
+that moment (``touch`` of blocks with ``ref_cnt > 0``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+from collections.abc import Iterator
+from types import ModuleType
+
+import msgspec
+import pytest
+
+try:
+    # Not just ``import vllm``: a checkout's tests/vllm directory on sys.path
+    # would satisfy that as an empty namespace package.
+    import vllm.v1.core.kv_cache_manager  # noqa: F401
+    from vllm import __version__ as _vllm_version
+except ImportError as exc:
+    pytest.skip(f"vLLM 0.33.x is not importable here ({exc})", allow_module_level=True)
+if not _vllm_version.startswith("0.33."):
+    pytest.skip(f"vLLM {_vllm_version} is not 0.33.x", allow_module_level=True)
+
+import vllm_workload33 as vw  # noqa: E402
+from vllm.v1.core import block_pool as vllm_block_pool  # noqa: E402
+from vllm.v1.core import kv_cache_coordinator  # noqa: E402
+from vllm.v1.core import single_type_kv_cache_manager  # noqa: E402
+from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled  # noqa: E402
+
+import kvpool  # noqa: E402
+from kvpool.v0_33.vllm_events import vllm_block_pool_class  # noqa: E402
+
+WORKLOADS = {
+    "full": vw.FULL.scaled(num_requests=900),
+    "full+sliding": vw.HYBRID.scaled(num_requests=600),  # metrics collector on
+    "full32+sliding16": vw.MIXED_BLOCK_SIZES.scaled(num_requests=600),
+    "events+metrics": vw.FULL.scaled(
+        name="events on, metrics collector (every block)",
+        metrics_sample_rate=1.0,
+        num_requests=500,
+    ),
+    "full-bytes-hashes": vw.FULL.scaled(
+        name="full, raw-bytes event hashes", num_requests=400
+    ),
+    "no-prefix-caching": vw.FULL.scaled(
+        name="prefix caching off", enable_caching=False, num_requests=400
+    ),
+    "events-off": vw.FULL.scaled(
+        name="events off", enable_events=False, num_requests=400
+    ),
+    # Requests trickle in while others with the same prefix run: prefix hits
+    # on blocks in use (ref_cnt > 0), in a tight pool.
+    "shared-running-prefix": vw.FULL.scaled(
+        name="hits on a prefix shared with running requests",
+        num_requests=500,
+        num_prefixes=6,
+        arrivals_per_step=2,
+        num_blocks=400,
+        metrics_sample_rate=0.5,
+    ),
+    # Sub-block prefix hits and their copy-on-write (see the module docstring).
+    "mamba-cow": vw.FULL.scaled(
+        name="full attention + Mamba align: partial hits, copy-on-write",
+        groups=(vw.Group("full", 64), vw.Group("mamba", 64)),
+        hash_block_size=16,
+        num_requests=300,
+        num_prefixes=6,
+        arrivals_per_step=2,
+        repeat_every=3,
+        num_blocks=400,
+        metrics_sample_rate=0.5,
+    ),
+}
+
+
+def _cores() -> dict[str, ModuleType]:
+    cores = {"pure-python": importlib.import_module("kvpool._core_py")}
+    try:
+        cores["compiled"] = importlib.import_module("kvpool._core")
+    except ImportError:
+        pass
+    return cores
+
+
+CORES = _cores()
+
+# Where vLLM 0.33 names the pool class it builds (the coordinator builds it;
+# the single-type managers use the name for annotations).
+_POOL_NAME_MODULES = (kv_cache_coordinator, single_type_kv_cache_manager)
+
+
+@contextlib.contextmanager
+def kvpool_in_vllm(pool_class: type) -> Iterator[None]:
+    """vLLM builds ``pool_class`` inside the block, as a user's swap would.
+
+    Once ``kvpool.vllm.install()`` knows the 0.33 line, the default core's
+    case becomes ``with kvpool.vllm.enabled(): yield`` (the one line to
+    change); the per-core classes keep this rebinding."""
+    saved = [(m, m.BlockPool) for m in _POOL_NAME_MODULES if hasattr(m, "BlockPool")]
+    for module, _ in saved:
+        module.BlockPool = pool_class
+    try:
+        yield
+    finally:
+        for module, original in saved:
+            module.BlockPool = original
+
+
+@pytest.fixture(autouse=True)
+def _vllm_pool_in_place() -> Iterator[None]:
+    assert kv_cache_coordinator.BlockPool is vllm_block_pool.BlockPool
+    yield
+    assert kv_cache_coordinator.BlockPool is vllm_block_pool.BlockPool
+
+
+@pytest.fixture
+def workload(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> vw.Workload:
+    name = request.param
+    if name == "full-bytes-hashes":
+        monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "0")
+    else:
+        monkeypatch.delenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", raising=False)
+    return WORKLOADS[name]
+
+
+_reference: dict[str, vw.Run] = {}
+
+
+def reference_run(key: str, w: vw.Workload) -> vw.Run:
+    """vLLM's own pool on the workload (once per session per workload)."""
+    if key not in _reference:
+        _reference[key] = vw.run(w)
+    return _reference[key]
+
+
+def candidate_run(pool_class: type, w: vw.Workload) -> vw.Run:
+    with kvpool_in_vllm(pool_class):
+        assert type(vw.make_manager(w).block_pool) is pool_class
+        return vw.run(w)
+
+
+# ---------------------------------------------------------------- reporting
+
+STEP_FIELDS = (
+    "events",
+    "prefix_cache_stats",
+    "usage",
+    "free_blocks",
+    "common_prefix_blocks",
+    "eviction_samples",
+)
+
+
+def _short(value: object, limit: int = 400) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
+
+
+def _step_fields(entry: tuple) -> dict:
+    _, _, batch, stats, usage, free, common, evictions = entry
+    # KVEventBatch is array_like: [ts, events, ...]; 0.33's events are
+    # tagged maps ({"type": "BlockStored", ...}).
+    events = msgspec.msgpack.decode(batch)[1] if batch else []
+    return dict(zip(STEP_FIELDS, (events, dict(stats), usage, free, common, evictions)))
+
+
+def _explain_events(a: list, b: list) -> list[str]:
+    lines = [f"  KV events differ ({len(a)} expected, {len(b)} got)"]
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x == y:
+            continue
+        lines.append(f"  first differing event #{i}:")
+        lines.append(f"    expected: {_short(x)}")
+        lines.append(f"    got:      {_short(y)}")
+        if isinstance(x, dict) and isinstance(y, dict):
+            for key in sorted(set(x) | set(y)):
+                if x.get(key) != y.get(key):
+                    lines.append(
+                        f"    field {key}: expected {_short(x.get(key))}, "
+                        f"got {_short(y.get(key))}"
+                    )
+        return lines
+    extra = a[len(b) :] or b[len(a) :]
+    lines.append(f"  extra events: {_short(extra)}")
+    return lines
+
+
+def _explain(want: tuple, have: tuple) -> str:
+    """What differs between two trace entries, as precisely as we can say."""
+    if want[0] == have[0] == "step":
+        lines = [f"after step {want[1]}:"]
+        a, b = _step_fields(want), _step_fields(have)
+        for name in STEP_FIELDS:
+            if a[name] == b[name]:
+                continue
+            if name == "events":
+                lines += _explain_events(a[name], b[name])
+            else:
+                lines.append(
+                    f"  {name}: expected {_short(a[name])}, got {_short(b[name])}"
+                )
+        if a == b:
+            lines.append(
+                f"  decoded fields equal, msgpack bytes differ: {want[2]!r} vs {have[2]!r}"
+            )
+        return "\n".join(lines)
+    return f"expected (vLLM's pool): {_short(want)}\ngot (kvpool):           {_short(have)}"
+
+
+def first_difference(expected: list[tuple], got: list[tuple]) -> str | None:
+    """None if the traces are equal, else the first differing entry with
+    what differs and the calls that led to it (a whole-trace diff of ~10^5
+    entries would be unreadable)."""
+    for i, (want, have) in enumerate(zip(expected, got)):
+        if want != have:
+            context = "\n  ".join(
+                _short(e if e[0] != "step" else e[:2])
+                for e in expected[max(0, i - 6) : i]
+            )
+            return (
+                f"first difference at trace entry {i}\n{_explain(want, have)}\n"
+                f"preceded by:\n  {context}"
+            )
+    if len(expected) != len(got):
+        return f"trace lengths {len(expected)} != {len(got)} (equal up to the shorter)"
+    return None
+
+
+def _counters(r: vw.Run) -> dict:
+    return {
+        f.name: getattr(r, f.name)
+        for f in dataclasses.fields(r)
+        if f.name not in ("trace", "manager_seconds", "manager_calls", "wall_seconds")
+    }
+
+
+# -------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("core", list(CORES))
+@pytest.mark.parametrize("workload", list(WORKLOADS), indirect=True)
+def test_same_decisions_and_events(
+    workload: vw.Workload, core: str, request: pytest.FixtureRequest
+) -> None:
+    key = request.node.callspec.params["workload"]
+    expected = reference_run(key, workload)
+    # The workload must actually exercise what it claims to.
+    assert expected.finished == workload.num_requests
+    assert expected.busy_resets_refused > 0
+    assert any(e[0] == "evict" for e in expected.trace)
+    if workload.enable_caching:
+        assert expected.preemptions > 0
+        assert expected.prefix_hit_tokens > 0
+        assert any(e[0] == "reset" and e[2] for e in expected.trace)
+    if workload.enable_events:
+        assert expected.events > 0
+    if workload.metrics_sample_rate:
+        assert any(e[0] == "step" and e[7] for e in expected.trace)
+    if key == "shared-running-prefix":
+        assert expected.hits_on_blocks_in_use > 0
+    if key == "mamba-cow":
+        assert expected.cow_copies > 0
+        # A source copied for two requests in one step: freed twice in one call.
+        assert any(e[0] == "drain" and len(set(e[3])) < len(e[3]) for e in expected.trace)
+    if key == "full32+sliding16":
+        # Prompts ending inside a 32-token block: cache_partial_block, whose
+        # BlockStored covers fewer tokens than the block.
+        assert any(
+            ev["type"] == "BlockStored" and len(ev["token_ids"]) % 32
+            for e in expected.trace
+            if e[0] == "step" and e[2]
+            for ev in _step_fields(e)["events"]
+        ), "no partial-block key was ever stored"
+
+    got = candidate_run(vllm_block_pool_class(CORES[core]), workload)
+    diff = first_difference(expected.trace, got.trace)
+    if diff:
+        pytest.fail(f"{workload.name} / kvpool ({core}): {diff}", pytrace=False)
+    assert _counters(got) == _counters(expected)
+
+
+def _free_order_broken(core: ModuleType) -> type:
+    """kvpool's pool with one deliberate bug: ``free_blocks`` frees in the
+    opposite order (so the free queue, hence later allocations and
+    evictions, differ)."""
+    base = vllm_block_pool_class(core)
+
+    class FreeOrderBroken(base):  # type: ignore[misc, valid-type]
+        def free_blocks(self, ordered_blocks, *args, **kwargs):
+            return super().free_blocks(list(ordered_blocks)[::-1], *args, **kwargs)
+
+    return FreeOrderBroken
+
+
+def _events_broken(core: ModuleType) -> type:
+    """kvpool's pool with one deliberate bug: it drops the last event of
+    every batch it hands out."""
+    base = vllm_block_pool_class(core)
+
+    class EventsBroken(base):  # type: ignore[misc, valid-type]
+        def take_events(self):
+            return super().take_events()[:-1]
+
+    return EventsBroken
+
+
+@pytest.mark.parametrize("core", list(CORES))
+@pytest.mark.parametrize(
+    "breakage, where",
+    [(_free_order_broken, "expected (vLLM's pool)"), (_events_broken, "KV events differ")],
+    ids=["free-order", "dropped-event"],
+)
+def test_a_broken_pool_is_caught(core: str, breakage, where: str) -> None:
+    """The comparison is not vacuous: a pool that differs from vLLM's in one
+    detail fails it, and the report names the first difference."""
+    w = WORKLOADS["full"].scaled(num_requests=150)
+    expected = vw.run(w)
+    got = candidate_run(breakage(CORES[core]), w)
+    diff = first_difference(expected.trace, got.trace)
+    assert diff is not None, f"{breakage.__name__} went unnoticed"
+    assert where in diff, diff
+    # And the unbroken pool passes on the same workload.
+    assert first_difference(expected.trace, candidate_run(
+        vllm_block_pool_class(CORES[core]), w
+    ).trace) is None
+
+
+def test_copy_on_write_needs_mamba_align() -> None:
+    """vLLM 0.33 takes its copy-on-write path (``_apply_cow``, reported by
+    ``take_kv_cache_block_copies``) only on partial hash hits, and enables
+    those only for a Mamba "align" group with a block larger than the hash
+    block. None of the attention-only workloads qualifies, so none of them
+    ever copies; they do hit blocks held by running requests."""
+    for key, w in WORKLOADS.items():
+        groups = vw.kv_cache_config(w).kv_cache_groups
+        assert partial_hash_hits_enabled(groups, w.hash_block_size) == (
+            key == "mamba-cow"
+        ), key
+    r = reference_run("shared-running-prefix", WORKLOADS["shared-running-prefix"])
+    assert r.cow_copies == 0
+    assert r.hits_on_blocks_in_use > 0
+    assert all(not e[2] for e in r.trace if e[0] == "drain")
+
+
+def test_event_hash_format_follows_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bytes-hash variant really publishes bytes through kvpool's pool
+    (so the comparison above covers both wire formats), as vLLM's own event
+    class, annotated by the manager."""
+    w = WORKLOADS["full-bytes-hashes"].scaled(num_requests=40)
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "0")
+    from vllm.distributed.kv_events import BlockStored
+
+    with kvpool_in_vllm(vllm_block_pool_class(kvpool.CORE)):
+        mgr = vw.make_manager(w)
+        reqs = vw.build_requests(w)
+        computed, n, _ = mgr.get_computed_blocks(reqs[0])
+        mgr.allocate_slots(reqs[0], reqs[0].num_tokens - n, n, computed)
+        (stored,) = mgr.take_events()
+    assert type(stored) is BlockStored
+    assert stored.kv_cache_spec_kind is not None
+    assert stored.block_hashes and all(
+        isinstance(h, bytes) for h in stored.block_hashes
+    )

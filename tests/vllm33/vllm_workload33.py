@@ -1,0 +1,478 @@
+"""A scheduler-like workload driven through vLLM 0.33.x's own ``KVCacheManager``.
+
+The 0.33 twin of ``tests/vllm/vllm_workload.py`` (vLLM 0.15.x): the same
+workloads, the same trace format, but the manager is built and called the way
+vLLM 0.33.0's ``Scheduler`` does it (``vllm/v1/core/sched/scheduler.py``).
+Shared by the differential tests (``test_vllm_manager33.py``) and the benchmark
+(``benchmarks/bench_vllm_manager.py``). It imports vLLM 0.33: use it only
+where that vLLM is importable.
+
+Construction (``Scheduler.__init__``): ``KVCacheManager(kv_cache_config,
+max_model_len, max_in_flight_tokens=max_num_batched_tokens (one batch in
+flight: no async scheduling, no PP), enable_caching, use_eagle=False,
+num_hash_lookahead_tokens=0, num_prefill_lookahead=0, log_stats=True,
+enable_kv_cache_events, scheduler_block_size=LCM of the group block sizes,
+hash_block_size=GCD of them (the engine's ``resolve_kv_cache_block_sizes``;
+a single group: its block size), metrics_collector, watermark=0.0)``.
+
+One step follows ``Scheduler.schedule`` then ``update_from_output`` for plain
+decoder-only requests (FCFS, chunked prefill, no speculative decoding, no
+connector, no async scheduling, ``scheduler_reserve_full_isl`` on as by
+default):
+
+- ``new_step_starts()``;
+- running requests: a prefill chunk or one decode token each through
+  ``allocate_slots(req, n, num_lookahead_tokens=0)``, preempting from the back
+  of the running queue (``free``) when it fails;
+- waiting requests (none if this step preempted): ``get_computed_blocks``
+  (three values in 0.33: blocks, hit tokens, shared-prefix boundary, the last
+  stored on the request as the scheduler does), then ``allocate_slots`` with
+  the hit, ``full_sequence_must_fit=True`` and ``has_scheduled_reqs``, then
+  ``record_prefix_cache_stats`` for the admitted request;
+- end of ``schedule()``: ``take_boundary_state_offloads()``,
+  ``take_kv_cache_block_copies()`` (the copy-on-write pairs; their retained
+  blocks go back through ``block_pool.free_blocks`` as the scheduler does
+  without deferred frees), ``take_new_block_ids()``;
+- the "model" ran: computed and in-flight counts advance, a request whose
+  prompt is fully computed gets a token (``estimate_cached_tokens`` on its
+  first one, for the prefill stats), a request that reached its output
+  length is freed;
+- at fixed steps ``evict_blocks`` (as vLLM does for blocks whose KV load
+  failed) and ``reset_prefix_cache`` (busy: refused; between phases, when the
+  engine is idle: done);
+- ``take_events()``, ``make_prefix_cache_stats()``, ``usage``.
+
+Everything the scheduler could observe is recorded in ``Run.trace``, in the
+0.15 driver's format plus the 0.33-only calls: every allocation's block ids
+per group (or ``None``), every prefix hit's block ids, token count and
+shared-prefix boundary, the copy-on-write pairs and new-block ids of every
+step, the prefix-cache stats and the msgpack bytes of the ``KVEventBatch``
+(vLLM's own class) of every step, usage and free-block counts, common-prefix
+counts, eviction-metric counts. Two runs that make the same decisions have
+equal traces.
+
+Time spent inside manager calls is accumulated in ``Run.manager_seconds``
+(one ``perf_counter`` pair per call, so both pools pay the same overhead).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import msgspec
+import torch
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core import kv_cache_utils
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.kv_cache_metrics import KVCacheMetricsCollector
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import KVCacheSpec, MambaSpec
+from vllm.v1.request import Request, RequestStatus
+
+# What does not depend on the vLLM line (groups, workload knobs, the request
+# mix, trace helpers) is the 0.15 driver's; it imports only names that 0.33
+# still has, and seeds NONE_HASH the same way.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "vllm"))
+import vllm_workload as _v15  # noqa: E402
+
+from vllm_workload import (  # noqa: E402
+    VOCAB,
+    _ids,
+    _request_specs,
+)
+
+__all__ = ["VOCAB", "Group", "Workload", "Run", "run", "build_requests", "make_manager"]
+
+VLLM_LINE = "0.33"
+
+
+@dataclass(frozen=True)
+class Group(_v15.Group):
+    """One KV-cache group: ``full`` attention, a ``sliding`` window, or (0.33)
+    a ``mamba`` state group in "align" cache mode (what enables vLLM 0.33's
+    sub-block prefix hits and their copy-on-write)."""
+
+    def spec(self) -> KVCacheSpec:
+        if self.kind == "mamba":
+            return MambaSpec(
+                block_size=self.block_size,
+                shapes=((4,),),
+                dtypes=(torch.float16,),
+                mamba_cache_mode="align",
+            )
+        return super().spec()
+
+
+def kv_cache_config(w: _v15.Workload) -> Any:
+    return _v15.kv_cache_config(w)
+
+
+@dataclass(frozen=True)
+class Workload(_v15.Workload):
+    # Arrivals: 0 puts a whole phase in the waiting queue at once; n > 0 admits
+    # n new requests per step (so requests arrive while others sharing their
+    # prefix are still running and their blocks are in use).
+    arrivals_per_step: int = 0
+    # Every n-th request repeats the previous request's prompt exactly (a
+    # retry, or the same question twice): with sub-block hits on, it hits the
+    # partial tail block the other one cached. 0: never.
+    repeat_every: int = 0
+
+    @property
+    def scheduler_block_size(self) -> int:
+        return math.lcm(*(g.block_size for g in self.groups))
+
+
+@dataclass
+class Run(_v15.Run):
+    cow_copies: int = 0
+    # Admissions whose prefix hit includes blocks a running request holds.
+    hits_on_blocks_in_use: int = 0
+
+
+def make_manager(w: Workload) -> KVCacheManager:
+    """vLLM's ``KVCacheManager`` as the 0.33 scheduler builds it: stats on,
+    prefix caching and events as the workload says. Its pool is whatever
+    class ``vllm.v1.core.kv_cache_coordinator.BlockPool`` names right now."""
+    collector = (
+        KVCacheMetricsCollector(w.metrics_sample_rate)
+        if w.metrics_sample_rate is not None
+        else None
+    )
+    return KVCacheManager(
+        kv_cache_config=kv_cache_config(w),
+        max_model_len=w.max_model_len,
+        max_in_flight_tokens=w.token_budget,  # one batch in flight
+        enable_caching=w.enable_caching,
+        use_eagle=False,
+        num_hash_lookahead_tokens=0,
+        num_prefill_lookahead=0,
+        log_stats=True,
+        enable_kv_cache_events=w.enable_events,
+        dcp_world_size=1,
+        pcp_world_size=1,
+        scheduler_block_size=w.scheduler_block_size,
+        hash_block_size=w.hash_block_size,
+        metrics_collector=collector,
+        watermark=0.0,
+        enable_mamba_shared_prefix_checkpoint=False,
+    )
+
+
+def build_requests(w: Workload) -> list[Request]:
+    """Fresh ``Request``s (they carry scheduling state: build new ones for
+    every run). Block hashes are computed at ``hash_block_size``, as the
+    engine does."""
+    hasher = kv_cache_utils.get_request_block_hasher(w.hash_block_size, sha256)
+    requests = []
+    specs = _request_specs(w)
+    for i, spec in enumerate(specs):
+        if w.repeat_every and i % w.repeat_every == w.repeat_every - 1:
+            spec = dataclasses.replace(spec, prompt=specs[i - 1].prompt)
+        req = Request(
+            request_id=spec.request_id,
+            prompt_token_ids=spec.prompt,
+            sampling_params=SamplingParams(max_tokens=len(spec.outputs)),
+            pooling_params=None,
+            lora_request=spec.lora,
+            block_hasher=hasher,
+        )
+        req._kvpool_outputs = spec.outputs  # the tokens the "model" will emit
+        requests.append(req)
+    return requests
+
+
+def _mamba_split(w: Workload, mgr: KVCacheManager) -> Callable[..., int] | None:
+    """With a Mamba "align" group the scheduler clips prefill chunks to where
+    Mamba state must be cached: vLLM's own
+    ``Scheduler._mamba_block_aligned_split``, bound to the attributes it
+    reads, set as ``Scheduler.__init__`` sets them for this configuration
+    (no EAGLE, no prefill-checkpoint blocks, no long-prefill threshold)."""
+    mamba = [g for g in w.groups if g.kind == "mamba"]
+    if not mamba or not w.enable_caching:
+        return None
+    partial = (
+        w.hash_block_size < w.scheduler_block_size
+        and mgr.coordinator.enable_partial_hash_hits
+    )
+    scheduler = SimpleNamespace(
+        cache_config=SimpleNamespace(block_size=mamba[0].block_size),
+        hash_block_size=w.hash_block_size,
+        use_eagle_block_drop=False,
+        num_hash_lookahead_tokens=0,
+        mamba_has_prefill_checkpoint_blocks=False,
+        mamba_prefill_checkpoint_alignment=None,
+        max_num_scheduled_tokens=w.token_budget,
+        scheduler_config=SimpleNamespace(long_prefill_token_threshold=0),
+        mamba_partial_cache_hit=partial,
+        mamba_shared_prefix_checkpoint=partial and mgr.mamba_shared_prefix_checkpoint,
+    )
+    return functools.partial(Scheduler._mamba_block_aligned_split, scheduler)
+
+
+def run(
+    w: Workload,
+    *,
+    record: bool = True,
+    requests: list[Request] | None = None,
+    on_manager: Callable[[KVCacheManager], None] | None = None,
+) -> Run:
+    """Drive a fresh manager through the workload. ``record=False`` keeps the
+    trace empty (for timing); the decisions are the same either way.
+    ``on_manager`` sees the manager before the first call (the benchmark
+    instruments its pool there)."""
+    if w.metrics_sample_rate is not None:
+        random.seed(w.seed)  # the collector samples with the global RNG
+    mgr = make_manager(w)
+    split = _mamba_split(w, mgr)
+    if on_manager is not None:
+        on_manager(mgr)
+    if requests is None:
+        requests = build_requests(w)
+    out = Run()
+    trace = out.trace
+    encoder = msgspec.msgpack.Encoder()
+    clock = time.perf_counter
+    spent = 0.0
+    calls = 0
+    WAITING, RUNNING, PREEMPTED = (
+        RequestStatus.WAITING,
+        RequestStatus.RUNNING,
+        RequestStatus.PREEMPTED,
+    )
+
+    phase_size = -(-len(requests) // w.phases)
+    phases = [requests[i : i + phase_size] for i in range(0, len(requests), phase_size)]
+    waiting: collections.deque[Request] = collections.deque()
+    running: list[Request] = []
+    rng = random.Random(w.seed + 1)
+    step = 0
+    wall0 = clock()
+
+    for phase_no, phase in enumerate(phases):
+        if phase_no:
+            # Idle engine: the reset must succeed (the RLHF weight-update path).
+            t0 = clock()
+            ok = mgr.reset_prefix_cache()
+            spent += clock() - t0
+            calls += 1
+            assert ok, "reset_prefix_cache refused on an idle engine"
+            if record:
+                trace.append(("reset", step, ok))
+        arrivals = collections.deque(phase)
+        if not w.arrivals_per_step:
+            waiting.extend(arrivals)
+            arrivals.clear()
+        while arrivals or waiting or running:
+            step += 1
+            for _ in range(min(w.arrivals_per_step, len(arrivals))):
+                waiting.append(arrivals.popleft())
+            budget = w.token_budget
+            scheduled: list[tuple[Request, int]] = []
+            preempted = False
+
+            t0 = clock()
+            mgr.new_step_starts()
+            spent += clock() - t0
+            calls += 1
+
+            # 1. Running requests: a prefill chunk or one decode token each.
+            i = 0
+            while i < len(running) and budget > 0:
+                req = running[i]
+                num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+                num_new = min(num_new, w.max_model_len - req.num_computed_tokens - 1)
+                if split is not None:
+                    num_new = split(req, num_new)
+                if num_new <= 0:
+                    i += 1
+                    continue
+                while True:
+                    t0 = clock()
+                    new_blocks = mgr.allocate_slots(req, num_new, num_lookahead_tokens=0)
+                    spent += clock() - t0
+                    calls += 1
+                    if record:
+                        trace.append(
+                            ("alloc", step, req.request_id, num_new, _ids(new_blocks))
+                        )
+                    if new_blocks is not None:
+                        break
+                    # Out of blocks: preempt the lowest-priority (last) request.
+                    victim = running.pop()
+                    t0 = clock()
+                    mgr.free(victim)
+                    spent += clock() - t0
+                    calls += 1
+                    victim.status = PREEMPTED
+                    victim.num_computed_tokens = 0
+                    victim.num_preemptions += 1
+                    waiting.appendleft(victim)
+                    preempted = True
+                    out.preemptions += 1
+                    if record:
+                        trace.append(("preempt", step, victim.request_id))
+                    if victim is req:
+                        break
+                if new_blocks is None:
+                    break
+                scheduled.append((req, num_new))
+                budget -= num_new
+                i += 1
+
+            # 2. Waiting requests, unless this step preempted.
+            while (
+                not preempted
+                and waiting
+                and budget > 0
+                and len(running) < w.max_running
+            ):
+                req = waiting[0]
+                t0 = clock()
+                computed, num_computed, boundary = mgr.get_computed_blocks(req)
+                spent += clock() - t0
+                calls += 1
+                req.shared_prefix_boundary = boundary
+                out.prefix_hit_tokens += num_computed
+                if num_computed and running:
+                    in_use = {
+                        b.block_id for g in computed.blocks for b in g if b.ref_cnt > 0
+                    }
+                    out.hits_on_blocks_in_use += bool(in_use)
+                if record:
+                    trace.append(
+                        (
+                            "hit",
+                            step,
+                            req.request_id,
+                            num_computed,
+                            boundary,
+                            _ids(computed),
+                        )
+                    )
+                num_new = min(req.num_tokens - num_computed, budget)
+                if split is not None:
+                    num_new = split(req, num_new, num_computed, 0)
+                    if num_new == 0:
+                        break
+                t0 = clock()
+                new_blocks = mgr.allocate_slots(
+                    req,
+                    num_new,
+                    num_new_computed_tokens=num_computed,
+                    new_computed_blocks=computed,
+                    num_lookahead_tokens=0,
+                    num_external_computed_tokens=0,
+                    delay_cache_blocks=False,
+                    num_encoder_tokens=0,
+                    full_sequence_must_fit=True,
+                    reserved_blocks=0,
+                    has_scheduled_reqs=bool(running),
+                )
+                spent += clock() - t0
+                calls += 1
+                if record:
+                    trace.append(
+                        ("alloc", step, req.request_id, num_new, _ids(new_blocks))
+                    )
+                if new_blocks is None:
+                    break
+                t0 = clock()
+                mgr.record_prefix_cache_stats(req, num_computed)
+                spent += clock() - t0
+                calls += 1
+                waiting.popleft()
+                running.append(req)
+                req.status = RUNNING
+                req.num_computed_tokens = num_computed
+                scheduled.append((req, num_new))
+                budget -= num_new
+
+            # 3. End of schedule(): the per-step drains.
+            t0 = clock()
+            offloads = mgr.take_boundary_state_offloads()
+            copies, retained = mgr.take_kv_cache_block_copies()
+            if copies:
+                mgr.block_pool.free_blocks(retained)
+            zero_ids = mgr.take_new_block_ids()
+            spent += clock() - t0
+            calls += 3 + bool(copies)
+            out.cow_copies += len(copies)
+            if record:
+                trace.append(
+                    (
+                        "drain",
+                        step,
+                        tuple((c.src_block_id, c.dst_block_id) for c in copies),
+                        tuple(b.block_id for b in retained),
+                        tuple(zero_ids),
+                        tuple(sorted(offloads.items())),
+                    )
+                )
+            for req, num_new in scheduled:
+                req.num_computed_tokens += num_new
+                req.num_in_flight_tokens += num_new
+                req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens
+
+            # 4. update_from_output: the "model" ran; emit tokens, finish.
+            finished = []
+            for req, num_new in scheduled:
+                req.num_in_flight_tokens -= num_new
+                if req.num_computed_tokens >= req.num_tokens:
+                    outputs = req._kvpool_outputs
+                    req.append_output_token_ids(outputs[req.num_output_tokens])
+                    if req.prefill_stats is not None:
+                        req.prefill_stats = None
+                        t0 = clock()
+                        cached = mgr.estimate_cached_tokens(req)
+                        spent += clock() - t0
+                        calls += 1
+                        if record:
+                            trace.append(("cached", step, req.request_id, cached))
+                    if req.num_output_tokens >= len(outputs):
+                        finished.append(req)
+            for req in finished:
+                running.remove(req)
+                req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+                t0 = clock()
+                mgr.free(req)
+                spent += clock() - t0
+                calls += 1
+                out.finished += 1
+                if record:
+                    trace.append(("free", step, req.request_id))
+
+            # 5. Occasional cache maintenance; 6. what the engine publishes.
+            dt, n = _v15.end_of_step(w, mgr, step, rng, running, out, record, encoder)
+            spent += dt
+            calls += n
+
+    out.wall_seconds = clock() - wall0
+    out.manager_seconds = spent
+    out.manager_calls = calls
+    out.steps = step
+    return out
+
+
+def _port(w: _v15.Workload, **changes: Any) -> Workload:
+    fields = {f.name: getattr(w, f.name) for f in dataclasses.fields(w)}
+    return Workload(**{**fields, **changes})
+
+
+# The configurations the tests and the benchmark share: the 0.15 driver's.
+FULL = _port(_v15.FULL)
+HYBRID = _port(_v15.HYBRID)
+MIXED_BLOCK_SIZES = _port(_v15.MIXED_BLOCK_SIZES)
+PREFILL_HEAVY = _port(_v15.PREFILL_HEAVY)
