@@ -128,9 +128,8 @@ def _is_pool_function(filename: str, func: str) -> bool:
 @contextmanager
 def kvpool_pool(core: str) -> Iterator[str]:
     """Make vLLM build kvpool's pool inside the block; yields the core used."""
-    if core == "default" and not VLLM_33:
-        # When kvpool.vllm.install() knows the 0.33 line, drop
-        # "and not VLLM_33" here: that is the whole switch.
+    if core == "default":
+        # As a user installs it (kvpool.vllm picks the line).
         with kv_vllm.enabled():
             yield "compiled" if kvpool.USING_EXTENSION else "pure-python"
         return

@@ -77,9 +77,12 @@ class VLLMLine:
     module: str
 
     def block_pool(self) -> type:
-        import importlib
+        """The line's pool as installed into vLLM: ``self.module``'s
+        ``BlockPool`` queueing vLLM's own event objects (vLLM 0.33's manager
+        checks their class; see ``kvpool.vllm_events``)."""
+        from kvpool.vllm_events import vllm_block_pool_class
 
-        return importlib.import_module(self.module).BlockPool
+        return vllm_block_pool_class(self.name)
 
     def describe(self) -> str:
         series = ", ".join(f"{major}.{minor}.x" for major, minor in self.releases)
@@ -200,15 +203,25 @@ def install(*, force: bool = False) -> bool:
         for module in modules:
             module.BlockPool = block_pool
         _installed.append(block_pool)
+        # The engine core's request block hasher too, unless
+        # KVPOOL_VLLM_HASHER=0 (kvpool.vllm_hasher says why it declines).
+        from kvpool.vllm_hasher import install_hasher
+
+        try:
+            hasher = install_hasher(force=force)
+        except ImportError as exc:  # an engine core that cannot import here
+            logger.warning("kvpool's request block hasher not installed: %s", exc)
+            hasher = False
         _saved_env.append(os.environ.get(ENV_VAR))
         os.environ[ENV_VAR] = "force" if force else "1"
         logger.info(
             "kvpool BlockPool of the %s line (%s.BlockPool) installed into vLLM %s "
-            "(%s core)",
+            "(%s core); request block hasher: %s",
             line.name,
             line.module,
             version,
             "compiled" if USING_EXTENSION else "pure-Python",
+            "kvpool's" if hasher else "vLLM's",
         )
         return True
 
@@ -233,6 +246,9 @@ def uninstall() -> bool:
                 )
             module.BlockPool = original
         _originals.clear()
+        from kvpool.vllm_hasher import uninstall_hasher
+
+        uninstall_hasher()
         previous = _saved_env.pop()
         if previous is None:
             os.environ.pop(ENV_VAR, None)

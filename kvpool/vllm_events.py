@@ -29,12 +29,15 @@ def vllm_block_pool_class(line: str, core: ModuleType | None = None) -> type:
         from vllm.distributed import kv_events
 
         if line == "0.15":
+            from . import BlockPool as default
             from .block_pool import make_block_pool_class
         elif line == "0.33":
+            from .v0_33 import BlockPool as default
             from .v0_33.block_pool import make_block_pool_class
         else:
             raise ValueError(f"no kvpool pool for vLLM API line {line!r}")
-        base = make_block_pool_class(core)
+        # Over the core in use, a subclass of the class the package exports.
+        base = default if core is CORE else make_block_pool_class(core)
 
         class BlockPool(base):  # type: ignore[misc, valid-type]
             __doc__ = base.__doc__

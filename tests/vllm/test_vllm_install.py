@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import types
 
 import pytest
 import vllm
@@ -20,6 +19,11 @@ from vllm.v1.core import kv_cache_coordinator, single_type_kv_cache_manager
 
 import kvpool
 import kvpool.vllm as kv_vllm
+from kvpool.vllm_events import vllm_block_pool_class
+
+# What install() puts in for the 0.15 line: kvpool.BlockPool queueing vLLM's
+# own event objects.
+POOL_15 = vllm_block_pool_class("0.15")
 
 SMALL = vw.FULL.scaled(num_requests=20, num_blocks=64)
 VLLM_POOL = vllm_block_pool.BlockPool
@@ -29,11 +33,24 @@ def manager_pool_type() -> type:
     return type(vw.make_manager(SMALL).block_pool)
 
 
+def test_installed_pools_queue_vllms_events() -> None:
+    from vllm.distributed import kv_events
+
+    for line, base in (("0.15", kvpool.BlockPool), ("0.33", None)):
+        cls = vllm_block_pool_class(line)
+        if base is not None:
+            assert issubclass(cls, base)
+        assert cls._BlockStored is kv_events.BlockStored
+        assert cls._BlockRemoved is kv_events.BlockRemoved
+        assert cls._AllBlocksCleared is kv_events.AllBlocksCleared
+        assert vllm_block_pool_class(line) is cls  # built once
+
+
 def test_vllm_is_the_supported_line() -> None:
     assert vllm.__version__.startswith(("0.15.", "0.16."))
     assert kv_vllm.check_vllm_version() == vllm.__version__
     assert kv_vllm.vllm_line().name == "0.15"
-    assert kv_vllm.vllm_line().block_pool() is kvpool.BlockPool
+    assert kv_vllm.vllm_line().block_pool() is POOL_15
 
 
 def test_install_uninstall_roundtrip() -> None:
@@ -44,16 +61,16 @@ def test_install_uninstall_roundtrip() -> None:
     assert kv_vllm.is_installed()
     # Exported for the engine processes vLLM may spawn.
     assert os.environ["KVPOOL_VLLM"] == "1"
-    assert kv_cache_coordinator.BlockPool is kvpool.BlockPool
-    assert single_type_kv_cache_manager.BlockPool is kvpool.BlockPool
+    assert kv_cache_coordinator.BlockPool is POOL_15
+    assert single_type_kv_cache_manager.BlockPool is POOL_15
     # vLLM's own class stays importable where it is defined.
     assert vllm_block_pool.BlockPool is VLLM_POOL
     mgr = vw.make_manager(SMALL)
-    assert type(mgr.block_pool) is kvpool.BlockPool
+    assert type(mgr.block_pool) is POOL_15
     assert type(mgr.block_pool.null_block) is kvpool.KVCacheBlock
 
     assert kv_vllm.install() is False  # idempotent
-    assert kv_cache_coordinator.BlockPool is kvpool.BlockPool
+    assert kv_cache_coordinator.BlockPool is POOL_15
 
     assert kv_vllm.uninstall() is True
     assert "KVPOOL_VLLM" not in os.environ
@@ -62,16 +79,16 @@ def test_install_uninstall_roundtrip() -> None:
     assert kv_vllm.uninstall() is False
     assert manager_pool_type() is VLLM_POOL
     # A manager built while installed keeps its pool.
-    assert type(mgr.block_pool) is kvpool.BlockPool
+    assert type(mgr.block_pool) is POOL_15
 
 
 def test_context_manager_nests() -> None:
     with kv_vllm.enabled():
-        assert manager_pool_type() is kvpool.BlockPool
+        assert manager_pool_type() is POOL_15
         with kv_vllm.enabled():
-            assert manager_pool_type() is kvpool.BlockPool
+            assert manager_pool_type() is POOL_15
         # The inner block did not install, so it must not uninstall.
-        assert manager_pool_type() is kvpool.BlockPool
+        assert manager_pool_type() is POOL_15
     assert manager_pool_type() is VLLM_POOL
 
 
@@ -111,18 +128,11 @@ def test_version_refused(version: str, monkeypatch) -> None:
 
 
 @pytest.fixture
-def stub_v0_33(monkeypatch) -> type:
-    """A stand-in ``kvpool.v0_33`` whose ``BlockPool`` is a marker class: these
-    tests are about which line is picked, in a vLLM of the 0.15 line, where
-    the 0.33 facade would not fit anyway."""
-
-    class BlockPool33:
-        pass
-
-    module = types.ModuleType("kvpool.v0_33")
-    module.BlockPool = BlockPool33
-    monkeypatch.setitem(sys.modules, "kvpool.v0_33", module)
-    return BlockPool33
+def stub_v0_33() -> type:
+    """The pool install() puts in for the 0.33 line: kvpool.v0_33's, queueing
+    vLLM's event classes. These tests are about which line is picked, in a
+    vLLM of the 0.15 line: only the binding is checked."""
+    return vllm_block_pool_class("0.33")
 
 
 @pytest.mark.parametrize(
@@ -145,7 +155,7 @@ def test_force_installs_the_nearest_older_line(
     (the first line if none does); it is exported as such to child
     processes."""
     assert kv_vllm.vllm_line(version, force=True).name == line
-    expected = kvpool.BlockPool if line == "0.15" else stub_v0_33
+    expected = POOL_15 if line == "0.15" else stub_v0_33
     monkeypatch.setattr(vllm, "__version__", version)
     monkeypatch.setenv("KVPOOL_VLLM", "1")
 
@@ -153,7 +163,7 @@ def test_force_installs_the_nearest_older_line(
     assert kv_cache_coordinator.BlockPool is expected
     assert single_type_kv_cache_manager.BlockPool is expected
     if line == "0.15":
-        assert manager_pool_type() is kvpool.BlockPool
+        assert manager_pool_type() is POOL_15
     assert os.environ["KVPOOL_VLLM"] == "force"
     assert kv_vllm.uninstall() is True
     assert os.environ["KVPOOL_VLLM"] == "1"  # what the test had set
@@ -189,7 +199,7 @@ def test_install_on_the_0_15_line(version: str, monkeypatch) -> None:
     monkeypatch.setattr(vllm, "__version__", version)
     with kv_vllm.enabled():
         assert os.environ["KVPOOL_VLLM"] == "1"
-        assert manager_pool_type() is kvpool.BlockPool
+        assert manager_pool_type() is POOL_15
     assert manager_pool_type() is VLLM_POOL
 
 
@@ -229,7 +239,7 @@ def test_plugin_via_vllm_loader(monkeypatch) -> None:
     monkeypatch.setenv("KVPOOL_VLLM", "1")
     vllm.plugins.load_general_plugins()
     assert kv_vllm.is_installed()
-    assert manager_pool_type() is kvpool.BlockPool
+    assert manager_pool_type() is POOL_15
 
 
 def _pool_module_in_child(env: dict[str, str]) -> str:

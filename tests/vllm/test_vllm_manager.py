@@ -24,6 +24,7 @@ from vllm.v1.core import block_pool as vllm_block_pool
 from vllm.v1.core import kv_cache_coordinator
 
 import kvpool
+from kvpool.vllm_events import vllm_block_pool_class
 import kvpool.vllm as kv_vllm
 
 WORKLOADS = {
@@ -85,7 +86,7 @@ def candidate_run(pool: str, w: vw.Workload, monkeypatch: pytest.MonkeyPatch) ->
     if pool == "kvpool":
         with kv_vllm.enabled():
             mgr_pool = vw.make_manager(w).block_pool
-            assert type(mgr_pool) is kvpool.BlockPool
+            assert type(mgr_pool) is vllm_block_pool_class("0.15")
             return vw.run(w)
     other = kvpool.make_block_pool_class(CORES[pool.removeprefix("kvpool-")])
     monkeypatch.setattr(kv_cache_coordinator, "BlockPool", other)

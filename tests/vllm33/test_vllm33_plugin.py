@@ -4,7 +4,6 @@ end, engine core and workers)."""
 
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
 import vllm
@@ -17,7 +16,6 @@ from _vllm_helpers import kvpool_entry_point
 VLLM_POOL = vllm_block_pool.BlockPool
 # The 0.33 facade is written on another branch; until it is here, the test
 # that needs it checks that the plugin gets as far as importing it.
-HAVE_V0_33 = importlib.util.find_spec("kvpool.v0_33") is not None
 
 
 def _load_general_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,16 +58,11 @@ def test_plugin_installs_the_0_33_pool(monkeypatch) -> None:
     KVCacheManager built afterwards runs on it."""
     kvpool_entry_point()
     monkeypatch.setenv("KVPOOL_VLLM", "1")
-    if not HAVE_V0_33:
-        # The line was picked and its facade asked for: all that can be
-        # checked before kvpool.v0_33 lands. Then the rest runs.
-        with pytest.raises(ModuleNotFoundError, match="kvpool.v0_33"):
-            _load_general_plugins(monkeypatch)
-        assert not kv_vllm.is_installed()
-        assert kv_cache_coordinator.BlockPool is VLLM_POOL
-        pytest.xfail("kvpool.v0_33 is not in this tree yet")
+    from kvpool.v0_33 import BlockPool as Facade
+    from kvpool.vllm_events import vllm_block_pool_class
 
-    from kvpool.v0_33 import BlockPool
+    BlockPool = vllm_block_pool_class("0.33")
+    assert issubclass(BlockPool, Facade)
 
     _load_general_plugins(monkeypatch)
     assert kv_vllm.is_installed()

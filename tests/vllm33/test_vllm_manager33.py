@@ -57,6 +57,7 @@ from vllm.v1.core import single_type_kv_cache_manager  # noqa: E402
 from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled  # noqa: E402
 
 import kvpool  # noqa: E402
+import kvpool.vllm as kv_vllm  # noqa: E402
 from kvpool.v0_33.vllm_events import vllm_block_pool_class  # noqa: E402
 
 WORKLOADS = {
@@ -120,11 +121,13 @@ _POOL_NAME_MODULES = (kv_cache_coordinator, single_type_kv_cache_manager)
 
 @contextlib.contextmanager
 def kvpool_in_vllm(pool_class: type) -> Iterator[None]:
-    """vLLM builds ``pool_class`` inside the block, as a user's swap would.
-
-    Once ``kvpool.vllm.install()`` knows the 0.33 line, the default core's
-    case becomes ``with kvpool.vllm.enabled(): yield`` (the one line to
-    change); the per-core classes keep this rebinding."""
+    """vLLM builds ``pool_class`` inside the block: for the core in use
+    through ``kvpool.vllm.enabled()``, exactly as a user installs it; for the
+    other core by rebinding the same names."""
+    if pool_class is vllm_block_pool_class():
+        with kv_vllm.enabled():
+            yield
+        return
     saved = [(m, m.BlockPool) for m in _POOL_NAME_MODULES if hasattr(m, "BlockPool")]
     for module, _ in saved:
         module.BlockPool = pool_class
