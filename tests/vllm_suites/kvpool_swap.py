@@ -94,3 +94,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"kvpool_swap: {config._kvpool_swap}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # CPU only: vLLM's conftest empties the accelerator's memory after every
+    # test unless it carries vLLM's own marker for tests that need no GPU.
+    # Stock and swapped runs alike.
+    for item in items:
+        item.add_marker(pytest.mark.skip_global_cleanup)

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Run vLLM's own pool tests, from the release's source distribution, twice in
+# a vLLM environment: with vLLM's classes (stock) and with kvpool's put in
+# their place (tests/vllm_suites/kvpool_swap.py), then check the rule of the
+# README's compatibility section (tests/vllm_suites/compare.py): every test
+# that passes stock passes with kvpool, but for the listed exceptions.
+#
+# usage: .ci/vllm-own-tests.sh VERSION PYTHON [REPO]
+#   VERSION  0.16.0 or 0.33.0; PYTHON: the environment's interpreter, with
+#   kvpool installed. The sdist is pinned by checksum
+#   (tests/vllm_suites/SHA256SUMS) and cached in
+#   ${KVPOOL_VLLM_SDIST_CACHE:-~/.cache/kvpool/vllm-sdists}; pip finds it on
+#   the package index (its metadata step cannot run here, so the address pip
+#   prints is downloaded as a direct reference). No network: a loud failure.
+set -euo pipefail
+
+version=${1:?usage: .ci/vllm-own-tests.sh VERSION PYTHON [REPO]}
+python=${2:?usage: .ci/vllm-own-tests.sh VERSION PYTHON [REPO]}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "${3:-$(dirname "$here")}" && pwd)
+suites=$repo/tests/vllm_suites
+cache=${KVPOOL_VLLM_SDIST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvpool/vllm-sdists}
+sdist=vllm-$version.tar.gz
+
+# The pool-related test files of each release (tests that need a served
+# model are left out: tests/v1/core/prefix_cache/test_hybrid_prefix_cache_hit_rate.py).
+# What is extracted: 0.16.0's tests/conftest.py imports vLLM's server
+# stack, which these tests do not need, so only tests/v1/core; 0.33.0's
+# tests import helpers from elsewhere in tests/, so all of it.
+case "$version" in
+    0.16.0) extract="vllm-$version/tests/v1/core"
+        files="test_prefix_caching.py test_kv_cache_utils.py test_single_type_kv_cache_manager.py test_kv_cache_metrics.py" ;;
+    0.33.0) extract="vllm-$version/tests"
+        files="test_prefix_caching.py test_kv_cache_utils.py test_single_type_kv_cache_manager.py test_kv_cache_metrics.py test_deferred_block_free.py prefix_cache/test_partial_prefix_cache_hits.py prefix_cache/test_partial_prefix_cache_primitives.py prefix_cache/test_mamba_eagle_resume_checkpoint.py" ;;
+    *) echo "vllm-own-tests: no suite for vLLM '$version'" >&2; exit 2 ;;
+esac
+
+mkdir -p "$cache"
+if ! (cd "$cache" && grep " $sdist\$" "$suites/SHA256SUMS" | sha256sum -c --quiet - 2>/dev/null); then
+    echo "vllm-own-tests: fetching $sdist"
+    tmpdl=$(mktemp -d)
+    url=$("$python" -m pip --disable-pip-version-check download --no-deps --no-binary :all: \
+        "vllm==$version" -d "$tmpdl" -vv 2>/dev/null \
+        | grep -oE "https://[^ \"]*/$sdist" | head -n 1 || true)
+    if [ -z "$url" ]; then
+        echo "!!!!! vllm-own-tests: pip did not find $sdist on the package index !!!!!" >&2
+        exit 1
+    fi
+    "$python" -m pip --disable-pip-version-check download -q --no-deps --no-build-isolation \
+        "vllm @ $url" -d "$tmpdl" >/dev/null 2>&1 || true
+    if [ ! -f "$tmpdl/$sdist" ]; then
+        echo "!!!!! vllm-own-tests: could not download $sdist !!!!!" >&2
+        exit 1
+    fi
+    mv "$tmpdl/$sdist" "$cache/$sdist"
+    rm -rf "$tmpdl"
+    (cd "$cache" && grep " $sdist\$" "$suites/SHA256SUMS" | sha256sum -c --quiet -) || {
+        echo "!!!!! vllm-own-tests: $sdist does not match its pinned checksum !!!!!" >&2
+        rm -f "$cache/$sdist"
+        exit 1
+    }
+fi
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/kvpool-vllm-own.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+tar xzf "$cache/$sdist" -C "$work" "$extract"
+cd "$work/vllm-$version"
+paths=()
+for f in $files; do paths+=("tests/v1/core/$f"); done
+
+status=0
+for mode in stock kvpool; do
+    swap=1
+    [ "$mode" = stock ] && swap=0
+    started=$SECONDS
+    # The tests import `tests.*` from the sdist's root (the working
+    # directory); the plugin comes from this repository.
+    # Offline: the tests that want a model from a hub fail at once, in both
+    # runs alike, instead of trying the network.
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+    KVPOOL_SWAP=$swap PYTHONPATH="$work/vllm-$version:$suites${PYTHONPATH:+:$PYTHONPATH}" "$python" -m pytest \
+        -p kvpool_swap -p no:cacheprovider -q --no-header -o addopts="" \
+        --junitxml="$work/$mode.xml" "${paths[@]}" > "$work/$mode.log" 2>&1 || true
+    echo "   vLLM $version's own tests, $mode: $(tail -n 1 "$work/$mode.log") ($((SECONDS - started))s)"
+    if [ ! -s "$work/$mode.xml" ]; then
+        tail -n 30 "$work/$mode.log"
+        echo "!!!!! vllm-own-tests: the $mode run wrote no results !!!!!" >&2
+        exit 1
+    fi
+done
+"$python" "$suites/compare.py" "$version" "$work/stock.xml" "$work/kvpool.xml" || status=$?
+exit "$status"
