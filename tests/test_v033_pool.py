@@ -331,3 +331,38 @@ def test_bad_input_changes_nothing(Pool33: type) -> None:
     pool.free_blocks(blocks)
     check_raises(ValueError, pool.free_blocks, [blocks[0]])  # double free
     check_invariants33(pool)
+
+
+@pytest.mark.parametrize("line", ["0.15", "0.33"])
+def test_adoption_grows_and_outlives_the_pool(core: ModuleType, line: str) -> None:
+    # Stand-alone blocks adopted well past the first growth of the store,
+    # mixed with pool blocks in the queue, then the pool dropped while the
+    # blocks live on: nothing may crash, every block keeps its state.
+    from _helpers import block_pool_class
+
+    if line == "0.33":
+        Pool, Block = make_block_pool_class(core), block_class(core)
+    else:
+        Pool, Block = block_pool_class(core), core.KVCacheBlock
+    pool = Pool(8, True, 4)
+    strangers = [Block(100 + i, ref_cnt=1) for i in range(50)]
+    pool.free_blocks(strangers[:20])
+    pool.free_blocks(reversed(strangers[20:]))
+    assert pool.get_num_free_blocks() == 7 + 50
+    taken = pool.get_new_blocks(57)
+    assert {b.block_id for b in taken} == set(range(1, 8)) | {100 + i for i in range(50)}
+    pool.touch(strangers[:5])
+    pool.free_blocks(taken)
+    assert strangers[0].ref_cnt == 1 and strangers[5].ref_cnt == 0
+    other = Pool(3, True, 4)
+    check_raises(ValueError, other.touch, [strangers[7]])  # adopted: not other's
+    queue = pool.free_block_queue
+    del pool
+    gc.collect()
+    assert [b.ref_cnt for b in strangers[:6]] == [1, 1, 1, 1, 1, 0]
+    assert queue.num_free_blocks == 57 - 5
+    del queue
+    gc.collect()
+    if core.__name__ == "kvpool._core":  # detached: no neighbours (contract)
+        assert all(b.prev_free_block is None for b in strangers)
+    repr(strangers[-1])
