@@ -29,6 +29,9 @@ cdef class _Store:
     # The pool these blocks belong to (``block.pool``): borrowed for a
     # pool's store (the pool owns the store), owned for a private store.
     cdef PyObject *pool
+    # A queue's store whose blocks were made with `pool=P` (a pool outside
+    # kvpool building its queue from kvpool blocks): a weak reference to P.
+    cdef object pool_wr
 
     cdef object block(self, Py_ssize_t i)
     cdef int materialise(self, Py_ssize_t first, Py_ssize_t count) except -1

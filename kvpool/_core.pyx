@@ -239,8 +239,10 @@ cdef Py_ssize_t _adopt(_Store st, object o) except -2:
     if b._st == NULL:
         return -1
     old = <_Store> b._st
-    if old is st or not old.private or (old.pool != NULL and old.pool != st.pool):
+    if old is st or not old.private:
         return -1
+    if old.pool != NULL and <object> old.pool is not _store_pool(st):
+        return -1  # made for another pool: that pool's, not ours
     if (type(b) is KVCacheBlock33) != st.v33:
         raise TypeError(
             f"block {b._bid} is of the vLLM {'0.33' if type(b) is KVCacheBlock33 else '0.15'} "
@@ -523,9 +525,9 @@ cdef class KVCacheBlock33(KVCacheBlock):
         """The pool this block belongs to (None for a standalone block, or
         once its pool is gone)."""
         cdef _Store st = _live_store(self)
-        if st.pool == NULL or st.flags[self._idx] & _ADOPTED:
+        if st.flags[self._idx] & _ADOPTED:
             return None  # an adopted stand-alone block keeps pool None, as in vLLM
-        return <object> st.pool
+        return _store_pool(st)
 
     def set_block_hash(self, block_hash, num_tokens=None):
         """Give the block its (first) hash key and the number of prefix
@@ -662,6 +664,16 @@ cdef class FreeKVCacheBlockQueue:
             seen.add(id(b))
         st = _Store(n, False, cls is KVCacheBlock33)
         st.owned = True
+        # Blocks made with pool=P (vLLM builds a pool's queue from its
+        # blocks this way) keep P as their pool: weakly, as the pool owns
+        # the queue.
+        pools = {<object> (<_Store> (<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, i))._st).pool
+                 for i in range(n)
+                 if (<_Store> (<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, i))._st).pool != NULL}
+        if len(pools) > 1:
+            raise ValueError("blocks of different pools cannot share a queue")
+        if pools:
+            st.pool_wr = _weakref(pools.pop())
         for i in range(n):
             b = <KVCacheBlock> PySequence_Fast_GET_ITEM(seq, i)
             old = <_Store> b._st
@@ -1874,6 +1886,7 @@ cdef class PoolCore:
 
 
 cdef object _ListReverseIterator = type(reversed([]))
+from weakref import ref as _weakref
 
 
 cdef object self_ntok(_Store st, Py_ssize_t i):
@@ -2118,13 +2131,20 @@ cdef inline bint _null_elsewhere(object o) except -1:
     return bool(getattr(o, "is_null", False))
 
 
+cdef object _store_pool(_Store st):
+    """The pool a store's blocks belong to, or None."""
+    if st.pool != NULL:
+        return <object> st.pool
+    if st.pool_wr is not None:
+        return st.pool_wr()
+    return None
+
+
 cdef object _pool_of(object o):
     """The pool of a block of another pool: a kvpool block's pool, or the
     ``pool`` attribute of a vLLM block; None if it has none."""
-    cdef _Store st
     if _is_block(o):
-        st = <_Store> (<KVCacheBlock> o)._st
-        return None if st.pool == NULL else <object> st.pool
+        return _store_pool(<_Store> (<KVCacheBlock> o)._st)
     if not hasattr(o, "block_id"):
         raise TypeError(f"expected a KVCacheBlock, got {type(o).__name__}")
     return getattr(o, "pool", None)

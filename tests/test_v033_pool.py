@@ -18,6 +18,7 @@ import pytest
 
 from _helpers import check_raises, hash_chain, ids, key
 from kvpool.metrics import KVCacheMetricsCollector
+from kvpool.v0_33.block_pool import PoolArgumentError
 from kvpool.v0_33 import (
     MEDIUM_CPU,
     AllBlocksCleared,
@@ -226,7 +227,9 @@ def test_several_keys_and_move(Pool33: type) -> None:
     before = state(pool)
     check_raises(RuntimeError, pool.move_block_hashes, dst, src)  # dst has a hash
     check_raises(RuntimeError, pool.cache_full_blocks, req, [src], 0, 1, 4, 0)  # no promotion
-    check_raises(ValueError, pool.cache_partial_block, req, src, 3, 0, 8)
+    # Where vLLM asserts: a ValueError that code catching AssertionError catches too.
+    exc = check_raises(PoolArgumentError, pool.cache_partial_block, req, src, 3, 0, 8)
+    assert isinstance(exc, ValueError) and isinstance(exc, AssertionError)
     assert state(pool) == before
 
 

@@ -37,17 +37,24 @@ from .kv_cache_utils import (
 )
 from .kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
-__all__ = ["make_block_pool_class"]
+__all__ = ["PoolArgumentError", "make_block_pool_class"]
 
 logger = logging.getLogger("kvpool.v0_33.block_pool")
 
 
-def _check_count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+def _check_count(name: str, value: Any, *, bool_ok: bool = False) -> int:
+    if (isinstance(value, bool) and not bool_ok) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
     return value
+
+
+class PoolArgumentError(ValueError, AssertionError):
+    """A bad argument where vLLM 0.33 has an ``assert``: a ``ValueError``, as
+    kvpool's policy says (raised explicitly, so also under ``python -O``),
+    that code written against vLLM -- which expects ``AssertionError`` --
+    catches as well."""
 
 
 def make_block_pool_class(core: ModuleType) -> type:
@@ -95,7 +102,8 @@ def make_block_pool_class(core: ModuleType) -> type:
             # The core validated num_gpu_blocks and built the blocks.
             super().__init__(num_gpu_blocks)
             _check_positive_int("hash_block_size", hash_block_size)
-            _check_count("num_hash_lookahead_tokens", num_hash_lookahead_tokens)
+            # vLLM's own callers pass a bool (use_eagle) as well as an int.
+            _check_count("num_hash_lookahead_tokens", num_hash_lookahead_tokens, bool_ok=True)
             self.medium = medium
             self.enable_caching = enable_caching
             self.hash_block_size = hash_block_size
@@ -186,8 +194,22 @@ def make_block_pool_class(core: ModuleType) -> type:
         ) -> tuple[list[Any], list[list[int]] | None]:
             """Per block (by index, ascending): its extra keys, and the
             lookahead tokens its hash covers (None when lookahead is off)."""
-            keys_list: list[Any] = []
             lookahead: list[list[int]] | None = [] if self.num_hash_lookahead_tokens else None
+            if (
+                not request.lora_request
+                and not request.mm_features
+                and not request.cache_salt
+                and request.prompt_embeds is None
+            ):
+                # A plain request: no block has extra keys (the common case,
+                # without a generator call per block).
+                keys_list: list[Any] = []
+                for i in block_indices:
+                    keys_list.append(None)
+                    if lookahead is not None:
+                        lookahead.append(self._lookahead_token_ids(request, (i + 1) * block_size))
+                return keys_list, lookahead
+            keys_list = []
             mm_idx = 0
             for i in block_indices:
                 start = i * block_size
@@ -292,7 +314,7 @@ def make_block_pool_class(core: ModuleType) -> type:
             _check_positive_int("block_size", block_size)
             hash_block_size = self.hash_block_size
             if block_size % hash_block_size:
-                raise ValueError(
+                raise PoolArgumentError(
                     f"block_size ({block_size}) must be a multiple of "
                     f"hash_block_size ({hash_block_size})"
                 )
@@ -352,7 +374,7 @@ def make_block_pool_class(core: ModuleType) -> type:
             _check_count("num_tokens", num_tokens)
             num_hash_blocks, rest = divmod(num_tokens, self.hash_block_size)
             if rest or not 0 < num_hash_blocks <= len(request.block_hashes):
-                raise ValueError(
+                raise PoolArgumentError(
                     f"num_tokens ({num_tokens}) must be a positive multiple of "
                     f"hash_block_size ({self.hash_block_size}) covered by the "
                     f"request's {len(request.block_hashes)} block hashes"
