@@ -24,7 +24,7 @@ Why this shape:
 
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_Check, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.dict cimport PyDict_DelItem, PyDict_GetItem, PyDict_Next, PyDict_SetItem
+from cpython.dict cimport PyDict_DelItem, PyDict_GetItem, PyDict_Next, PyDict_SetItem, PyDict_Size
 from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
@@ -789,6 +789,9 @@ cdef list _popleft_n(_Store st, Py_ssize_t k, bint allocate=False,
     cdef Py_ssize_t j
     cdef int32_t i, nx, head = <int32_t> st.n
     cdef PyObject *o
+    # Read once: a block without a hash has nothing to evict unless some
+    # block has further keys (0.33 only).
+    cdef bint extra_keys = by_block is not None and PyDict_Size(by_block) != 0
     if st.num_objs < st.n:
         # Create missing handles first, so nothing below can fail midway.
         i = st.next[head]
@@ -796,6 +799,16 @@ cdef list _popleft_n(_Store st, Py_ssize_t k, bint allocate=False,
             if st.objs[i] == NULL:
                 st.materialise(i, 1)
             i = st.next[i]
+    if evict and extra_keys:
+        # 0.33 with further keys somewhere: a block without a hash may still
+        # have keys, so every popped block goes through eviction, in order,
+        # before the walk (which then evicts nothing): the walk below stays
+        # the 0.15 loop.
+        i = st.next[head]
+        for j in range(k):
+            _evict_one(st, cache, i, removed, by_block)
+            i = st.next[i]
+        evict = False
     ret = PyList_New(k)
     i = st.next[head]
     for j in range(k):
@@ -804,7 +817,7 @@ cdef list _popleft_n(_Store st, Py_ssize_t k, bint allocate=False,
         PyList_SET_ITEM(ret, j, <object> o)
         if allocate:
             st.ref_cnt[i] = 1
-            if evict and (st.hash[i] != NULL or by_block):  # a block with no hash stays inline
+            if evict and st.hash[i] != NULL:  # the common case, a block with no hash, stays inline
                 _evict_one(st, cache, i, removed, by_block)
         nx = st.next[i]
         st.prev[i] = -1
@@ -1950,8 +1963,9 @@ cdef inline Py_ssize_t _index_in_or_none(_Store st, object o):
     if not _is_block(o):
         return -1
     b = <KVCacheBlock> o
-    # Its store's, and not a sentinel (adopted blocks sit after them).
-    if b._st != <PyObject *> st or (st.n <= b._idx <= st.n + 1):
+    # Its store's, and not a sentinel (n, n + 1; adopted blocks sit after
+    # them): one unsigned compare.
+    if b._st != <PyObject *> st or <size_t> (b._idx - st.n) < 2:
         return -1
     return b._idx
 
