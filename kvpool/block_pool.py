@@ -47,6 +47,17 @@ def _removed_events(keys: list[bytes], cls: type = BlockRemoved) -> list[Any]:
     return [cls(block_hashes=[h], medium=MEDIUM_GPU) for h in hashes]
 
 
+def take_events(self: Any) -> list[KVCacheEvent]:
+    """Return the queued events and start a new queue (both lines' facades;
+    ``kv_event_queue`` is read and written as an attribute, so a subclass may
+    make it a property, as vLLM's HiSparse pool does)."""
+    if not self.enable_kv_cache_events:
+        return []
+    events = self.kv_event_queue
+    self.kv_event_queue = []
+    return events
+
+
 def make_block_pool_class(core: ModuleType) -> type:
     """Build the ``BlockPool`` facade over ``core`` (compiled or pure Python)."""
 
@@ -224,13 +235,7 @@ def make_block_pool_class(core: ModuleType) -> type:
                 self.kv_event_queue.append(self._AllBlocksCleared())
             return True
 
-        def take_events(self) -> list[KVCacheEvent]:
-            """Return the queued events and start a new queue."""
-            if not self.enable_kv_cache_events:
-                return []
-            events = self.kv_event_queue
-            self.kv_event_queue = []
-            return events
+        take_events = take_events
 
     BlockPool.__module__ = "kvpool"
     BlockPool.__qualname__ = "BlockPool"

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from types import ModuleType
 from typing import Any
 
-from ..block_pool import _check_positive_int
+from ..block_pool import _check_positive_int, take_events
 from ..metrics import KVCacheMetricsCollector
 from .kv_cache_utils import (
     convert_block_hashes,
@@ -560,13 +560,7 @@ def make_block_pool_class(core: ModuleType) -> type:
                 self.kv_event_queue.append(self._AllBlocksCleared())
             return True
 
-        def take_events(self) -> list[KVCacheEvent]:
-            """Return the queued events and start a new queue."""
-            if not self.enable_kv_cache_events:
-                return []
-            events = self.kv_event_queue
-            self.kv_event_queue = []
-            return events
+        take_events = take_events
 
     BlockPool.__module__ = "kvpool.v0_33"
     BlockPool.__qualname__ = "BlockPool"
