@@ -469,15 +469,7 @@ cdef class KVCacheBlock:
         return None if nx < 0 else st.block(nx)
 
     def __repr__(self):
-        cdef _Store st = _live_store(self)
-        cdef int32_t p = st.prev[self._idx], nx = st.next[self._idx]
-        return (
-            f"KVCacheBlock(block_id={self._bid}, "
-            f"ref_cnt={st.ref_cnt[self._idx]}, "
-            f"_block_hash={self.block_hash!r}, "
-            f"prev_free_block={_neighbour_id(st, p)}, "
-            f"next_free_block={_neighbour_id(st, nx)})"
-        )
+        return _block_repr(self, "")
 
     def __reduce__(self):
         raise TypeError("KVCacheBlock cannot be pickled: it is a view of its pool")
@@ -544,16 +536,7 @@ cdef class KVCacheBlock33(KVCacheBlock):
         st.ntok[self._idx] = ntok
 
     def __repr__(self):
-        cdef _Store st = _live_store(self)
-        cdef int32_t p = st.prev[self._idx], nx = st.next[self._idx]
-        return (
-            f"KVCacheBlock(block_id={self._bid}, "
-            f"ref_cnt={st.ref_cnt[self._idx]}, "
-            f"_block_hash={self.block_hash!r}, "
-            f"_block_hash_num_tokens={self.block_hash_num_tokens}, "
-            f"prev_free_block={_neighbour_id(st, p)}, "
-            f"next_free_block={_neighbour_id(st, nx)})"
-        )
+        return _block_repr(self, f"_block_hash_num_tokens={self.block_hash_num_tokens}, ")
 
 
 cdef int _init_standalone(KVCacheBlock self, object block_id, object ref_cnt,
@@ -593,6 +576,21 @@ cdef inline int64_t _check_ntok(object value) except? -1:
     if overflow or v == NTOK_NONE:
         raise OverflowError(f"num_tokens {value} does not fit in 64 bits")
     return v
+
+
+cdef str _block_repr(KVCacheBlock b, str extra):
+    """Both lines' repr: neighbours by id only (printing them whole would
+    recurse along the list); ``extra``: the 0.33 line's token-count field."""
+    cdef _Store st = _live_store(b)
+    cdef int32_t p = st.prev[b._idx], nx = st.next[b._idx]
+    return (
+        f"KVCacheBlock(block_id={b._bid}, "
+        f"ref_cnt={st.ref_cnt[b._idx]}, "
+        f"_block_hash={b.block_hash!r}, "
+        f"{extra}"
+        f"prev_free_block={_neighbour_id(st, p)}, "
+        f"next_free_block={_neighbour_id(st, nx)})"
+    )
 
 
 cdef object _neighbour_id(_Store st, int32_t i):

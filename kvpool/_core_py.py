@@ -1371,9 +1371,9 @@ class PoolCore:
         """Forget every hash; only when no block but the null block is in use."""
         if self._num_gpu_blocks - self._queue._num_free != 1:
             return False
-        self._check_blocks_list()
+        self._check_blocks_list()  # before anything changes
         self._map = BlockHashToBlockMap()
-        self._reset_hashes()
+        self._forget_hashes()
         return True
 
     def _clear_map(self) -> None:
@@ -1397,6 +1397,9 @@ class PoolCore:
     def _reset_hashes(self) -> None:
         """Every block's hash (and token count) forgotten."""
         self._check_blocks_list()
+        self._forget_hashes()
+
+    def _forget_hashes(self) -> None:
         for block in self._blocks:
             block._hash = None
             block._ntok = None
