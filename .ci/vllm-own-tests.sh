@@ -8,10 +8,9 @@
 # usage: .ci/vllm-own-tests.sh VERSION PYTHON [REPO]
 #   VERSION  0.16.0 or 0.33.0; PYTHON: the environment's interpreter, with
 #   kvpool installed. The sdist is pinned by checksum
-#   (tests/vllm_suites/SHA256SUMS) and cached in
-#   ${KVPOOL_VLLM_SDIST_CACHE:-~/.cache/kvpool/vllm-sdists}; pip finds it on
-#   the package index (its metadata step cannot run here, so the address pip
-#   prints is downloaded as a direct reference). No network: a loud failure.
+#   (tests/vllm_suites/SHA256SUMS) and cached in ${KVPOOL_PYPI_CACHE:-~/.cache/kvpool/pypi}
+#   by .ci/pypi-fetch.py. No network, or a file that differs from its pin:
+#   a loud failure.
 set -euo pipefail
 
 version=${1:?usage: .ci/vllm-own-tests.sh VERSION PYTHON [REPO]}
@@ -19,7 +18,6 @@ python=${2:?usage: .ci/vllm-own-tests.sh VERSION PYTHON [REPO]}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "${3:-$(dirname "$here")}" && pwd)
 suites=$repo/tests/vllm_suites
-cache=${KVPOOL_VLLM_SDIST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvpool/vllm-sdists}
 sdist=vllm-$version.tar.gz
 
 # The pool-related test files of each release (tests that need a served
@@ -35,35 +33,17 @@ case "$version" in
     *) echo "vllm-own-tests: no suite for vLLM '$version'" >&2; exit 2 ;;
 esac
 
-mkdir -p "$cache"
-if ! (cd "$cache" && grep " $sdist\$" "$suites/SHA256SUMS" | sha256sum -c --quiet - 2>/dev/null); then
-    echo "vllm-own-tests: fetching $sdist"
-    tmpdl=$(mktemp -d)
-    url=$("$python" -m pip --disable-pip-version-check download --no-deps --no-binary :all: \
-        "vllm==$version" -d "$tmpdl" -vv 2>/dev/null \
-        | grep -oE "https://[^ \"]*/$sdist" | head -n 1 || true)
-    if [ -z "$url" ]; then
-        echo "!!!!! vllm-own-tests: pip did not find $sdist on the package index !!!!!" >&2
-        exit 1
-    fi
-    "$python" -m pip --disable-pip-version-check download -q --no-deps --no-build-isolation \
-        "vllm @ $url" -d "$tmpdl" >/dev/null 2>&1 || true
-    if [ ! -f "$tmpdl/$sdist" ]; then
-        echo "!!!!! vllm-own-tests: could not download $sdist !!!!!" >&2
-        exit 1
-    fi
-    mv "$tmpdl/$sdist" "$cache/$sdist"
-    rm -rf "$tmpdl"
-    (cd "$cache" && grep " $sdist\$" "$suites/SHA256SUMS" | sha256sum -c --quiet -) || {
-        echo "!!!!! vllm-own-tests: $sdist does not match its pinned checksum !!!!!" >&2
-        rm -f "$cache/$sdist"
-        exit 1
-    }
-fi
+# pypi-fetch.py looks the sdist up as pip would and downloads it with pip's
+# own session, without running vLLM's build (which `pip download` of an sdist
+# does, and which cannot run here); it checks the pin and fails loudly.
+sdist_path=$("$python" "$here/pypi-fetch.py" --pins "$suites/SHA256SUMS" "vllm==$version" sdist) || {
+    echo "!!!!! vllm-own-tests: could not fetch $sdist !!!!!" >&2
+    exit 1
+}
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/kvpool-vllm-own.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-tar xzf "$cache/$sdist" -C "$work" "$extract"
+tar xzf "$sdist_path" -C "$work" "$extract"
 cd "$work/vllm-$version"
 paths=()
 for f in $files; do paths+=("tests/v1/core/$f"); done
