@@ -70,7 +70,12 @@ def test_release_table_has_a_row_per_release_and_follows_install():
             assert line_text.startswith("refused") and tested == "—", release
         else:
             assert line_text.startswith(f"{line.name} (`{line.module}`)"), release
-    # Every line has its CI claims stated (or none yet: "not run in CI").
+    # Every release a line lists has its row, under that line.
+    line_of = {release: line_text for release, line_text, _ in rows}
+    for line in VLLM_LINES:
+        for release in line.releases:
+            assert line_of[release].startswith(f"{line.name} "), (line.name, release)
+    # CI claims are stated only for lines that exist ("not run in CI" else).
     assert set(release_table.TESTED) <= {line.name for line in VLLM_LINES}
 
 
