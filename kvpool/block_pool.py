@@ -58,6 +58,19 @@ def take_events(self: Any) -> list[KVCacheEvent]:
     return events
 
 
+def bind_facade(mixin: type, core: ModuleType, module: str) -> type:
+    """The ``BlockPool`` class of a line whose facade is written as ``mixin``
+    (a module-level class of facade methods), over ``core``'s ``PoolCore``:
+    ``class BlockPool(mixin, core.PoolCore)``, named as the line exports it
+    (``module.BlockPool``). ``_core`` is ``core``, for the facade's checks."""
+    return type(
+        "BlockPool",
+        (mixin, core.PoolCore),
+        {"__doc__": mixin.__doc__, "__module__": module, "__qualname__": "BlockPool",
+         "_core": core},
+    )
+
+
 def make_block_pool_class(core: ModuleType) -> type:
     """Build the ``BlockPool`` facade over ``core`` (compiled or pure Python)."""
 
