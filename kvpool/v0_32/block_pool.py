@@ -15,7 +15,7 @@ What vLLM 0.32.0's pool does differently from 0.33.0's, and nothing else:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
@@ -58,7 +58,7 @@ class BlockPoolMixin(_v0_33.BlockPoolMixin):
     ) -> tuple[tuple[Any, ...] | None, int]:
         return generate_block_hash_extra_keys(request, start, end, start_mm_idx)
 
-    def _event_lookahead(self, request: Any, block_ends: Sequence[int]) -> None:
+    def _event_lookahead(self, request: Any, block_ends: Iterable[int]) -> None:
         return None
 
     def _build_block_stored_event(
