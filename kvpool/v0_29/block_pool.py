@@ -10,10 +10,13 @@ What vLLM 0.29.0's pool does not have of 0.30.0's:
 - ``cache_partial_block(replace_existing_hashes=)``: the entry must be
   partial (0.30's check with ``replace_existing_hashes`` false).
 
-0.29's blocks have no ``pool`` either, so its ``free_blocks`` takes every
-block as its own; kvpool's blocks know their pool, and a block of another
-kvpool pool is handed back to it (vLLM 0.29 would link it into the wrong
-free queue).
+- ``KVCacheBlock.pool`` (the field and the ``pool=`` argument): the blocks
+  are the core's ``KVCacheBlock24`` (core rule ``_kvpool_block_pool``).
+
+Without ``pool``, 0.29's ``free_blocks`` takes every block as its own;
+kvpool's core still knows each block's pool, and a block of another kvpool
+pool is handed back to it (vLLM 0.29 would link it into the wrong free
+queue).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class BlockPoolMixin(_v0_30.BlockPoolMixin):
     ``unpin_blocks``, ``cache_partial_block(replace_existing_hashes=)`` and
     the events' ``session_id``."""
 
+    _kvpool_block_pool = False  # blocks without ``pool`` (KVCacheBlock24)
     _BlockStored: type = BlockStored
     _event_medium = MEDIUM_GPU
     medium = NotInRelease()
@@ -72,6 +76,13 @@ class BlockPoolMixin(_v0_30.BlockPoolMixin):
         return super().cache_partial_block(
             request, block, num_tokens, kv_cache_group_id, block_size
         )
+
+    def _check_own(self, block: Any) -> None:
+        # No ``pool`` to read: this pool's blocks are its ``blocks``.
+        block_id = getattr(block, "block_id", None)
+        blocks = self.blocks
+        if not (type(block_id) is int and 0 <= block_id < len(blocks) and blocks[block_id] is block):
+            super()._check_own(block)  # raises
 
     def _build_block_stored_event(
         self,
