@@ -357,7 +357,12 @@ class _Broken(RecordingBlockPool):
 
 
 class FreesInReverse(_Broken):
-    """Blocks freed in one call enter the queue in the opposite order."""
+    """Blocks freed in one call enter the queue in the opposite order (where
+    they all go to one end: 0.15-0.23)."""
+
+    @staticmethod
+    def applies() -> bool:
+        return not FEATURES.partial
 
     def free_blocks(self, ordered_blocks: Any, *a: Any, **kw: Any) -> None:
         blocks = list(ordered_blocks)
@@ -424,6 +429,24 @@ class StoredInGroupZero(_StoredEventField):
         return 0
 
 
+class RemovedInGroupZero(_Broken):
+    """BlockRemoved events of evictions queued with group_idx 0."""
+
+    @staticmethod
+    def applies() -> bool:
+        return "group_idx" in vllm_events.BlockRemoved.__struct_fields__
+
+    def _maybe_evict_cached_block(self, block: Any) -> bool:
+        n = len(self.kv_event_queue)
+        evicted = super()._maybe_evict_cached_block(block)
+        for i in range(n, len(self.kv_event_queue)):
+            event = self.kv_event_queue[i]
+            if isinstance(event, vllm_events.BlockRemoved) and event.group_idx:
+                self.bug()
+                self.kv_event_queue[i] = msgspec.structs.replace(event, group_idx=0)
+        return evicted
+
+
 class IgnoresBlockMask(_Broken):
     @staticmethod
     def applies() -> bool:
@@ -450,7 +473,7 @@ class FreesUncachedToBack(_Broken):
         append_n = queue.append_n
 
         def prepend_n(blocks: list) -> None:
-            if len(blocks) > 1 or blocks and queue.num_free_blocks:
+            if blocks and queue.num_free_blocks:
                 self.bug()
             append_n(blocks)
 
@@ -491,6 +514,7 @@ BROKEN = [
     NullTouchFlipped,
     StoredWithoutExtraKeys,
     StoredInGroupZero,
+    RemovedInGroupZero,
     IgnoresBlockMask,
     FreesUncachedToBack,
     TokensOffByOne,
