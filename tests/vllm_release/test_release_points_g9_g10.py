@@ -173,3 +173,22 @@ def test_check_catches_broken_pool(
 ) -> None:
     fn = CHECKS[check]
     assert fn(kvpool_pool(core, mixins, **rules)) != fn(vllm_block_pool.BlockPool), what
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_differential_harness_catches_uncounted_null(core: str, monkeypatch) -> None:
+    """The random workload of test_pool_diff.py, with kvpool's pool skipping
+    the null block as 0.33 does: the first step that touches or frees the
+    null block is reported."""
+    import test_pool_diff as diff
+
+    cls = kvpool_pool(core, _kvpool_counts_null=False)
+    for seed in diff.SEEDS:
+        cand = ("kvpool uncounted null", cls, LINE.BlockStored, diff.VllmCollector)
+        driver, r = diff.make_driver(seed, cand, monkeypatch)
+        try:
+            driver.run(r, diff.STEPS)
+        except diff.Mismatch as exc:
+            assert "block 0: expected vs got: ref_cnt" in str(exc), exc
+            return
+    pytest.fail("the uncounted null block was never reported")
