@@ -26,6 +26,9 @@ cdef class _Store:
     # records how many prefix tokens its hash covers (ntok, NULL otherwise).
     cdef bint v33
     cdef int64_t *ntok            # NTOK_NONE: None
+    # The 0.24-0.29 blocks of the 0.33-style store: handles are
+    # KVCacheBlock24 (no ``pool`` attribute).
+    cdef bint no_pool
     # The pool these blocks belong to (``block.pool``): borrowed for a
     # pool's store (the pool owns the store), owned for a private store.
     cdef PyObject *pool
@@ -48,6 +51,10 @@ cdef class KVCacheBlock:
 
 
 cdef class KVCacheBlock33(KVCacheBlock):
+    pass
+
+
+cdef class KVCacheBlock24(KVCacheBlock33):
     pass
 
 
@@ -91,6 +98,7 @@ cdef class PoolCore:
     cdef object _hash_block_size
     cdef bint _caching
     cdef bint _events
+    cdef bint _count_null         # rule _kvpool_counts_null (see PoolCore)
     cdef dict _by_block           # 0.33: block_id -> its further hash keys
     cdef dict _watchers           # 0.33: block_id -> reuse watcher
     cdef BlockHashToBlockMap _map

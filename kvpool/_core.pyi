@@ -1,7 +1,7 @@
 # Type stubs of the block-pool core. The compiled ``kvpool._core`` and its
 # pure-Python twin ``kvpool._core_py`` implement exactly this interface.
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 class KVCacheBlock:
     """Metadata of one KV-cache block (the tensors live on the GPU).
@@ -34,6 +34,43 @@ class KVCacheBlock:
     def prev_free_block(self) -> KVCacheBlock | None: ...
     @property
     def next_free_block(self) -> KVCacheBlock | None: ...
+
+class KVCacheBlock33(KVCacheBlock):
+    """A block of the 0.33-style store (vLLM 0.30 and later): plus the
+    number of prefix tokens its hash covers and the pool it belongs to."""
+
+    def __init__(
+        self,
+        block_id: int,
+        ref_cnt: int = 0,
+        _block_hash: bytes | None = None,
+        _block_hash_num_tokens: int | None = None,
+        prev_free_block: None = None,
+        next_free_block: None = None,
+        is_null: bool = False,
+        *,
+        pool: Any = None,
+    ) -> None: ...
+    @property
+    def block_hash_num_tokens(self) -> int | None: ...
+    @property
+    def pool(self) -> Any: ...
+    def set_block_hash(self, block_hash: bytes, num_tokens: int | None = None) -> None: ...
+
+class KVCacheBlock24(KVCacheBlock33):
+    """A block of vLLM 0.24-0.29: ``KVCacheBlock33`` without ``pool``
+    (reading it raises ``AttributeError``; no ``pool=`` argument)."""
+
+    def __init__(  # type: ignore[override]
+        self,
+        block_id: int,
+        ref_cnt: int = 0,
+        _block_hash: bytes | None = None,
+        _block_hash_num_tokens: int | None = None,
+        prev_free_block: None = None,
+        next_free_block: None = None,
+        is_null: bool = False,
+    ) -> None: ...
 
 class FreeKVCacheBlockQueue:
     """Free blocks in eviction order (least recently freed first), as a
@@ -69,6 +106,17 @@ class PoolCore:
     ``PoolCore(num_gpu_blocks, *rest)``: the extra arguments are the facade's
     and ignored here. Validates ``num_gpu_blocks`` (int, >= 1).
     """
+
+    # Rules in which vLLM releases differ, read once when a pool is built;
+    # a facade overrides them as class attributes (see _core.pyx).
+    #: 33: the 0.33-style store and rules (vLLM 0.24 and later); 15: 0.15's.
+    _kvpool_line: ClassVar[int]
+    #: ``touch``/``free_blocks`` count the null block's ``ref_cnt``, and
+    #: another pool's null block is freed by its pool (vLLM before 0.33).
+    _kvpool_counts_null: ClassVar[bool]
+    #: 0.33-style store: blocks are ``KVCacheBlock33`` (True, vLLM 0.30+)
+    #: or ``KVCacheBlock24`` without ``pool`` (False, vLLM 0.24-0.29).
+    _kvpool_block_pool: ClassVar[bool]
 
     def __init__(self, num_gpu_blocks: int, *args: Any, **kwargs: Any) -> None: ...
     @property

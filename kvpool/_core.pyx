@@ -55,6 +55,9 @@ cdef enum:
 DEF GROUP_ID_BYTES = 4
 # ``block_hash_num_tokens`` of a block without one (vLLM's None).
 cdef int64_t NTOK_NONE = INT64_MIN
+# Lowest ref_cnt of a null block whose count is kept (_kvpool_counts_null):
+# each free takes one, so it may go negative, but never overflow.
+cdef int32_t NULL_REF_CNT_MIN = -INT32_MAX
 # Largest pool: indices, sentinels included, must fit an int32.
 cdef Py_ssize_t MAX_BLOCKS = INT32_MAX - 2
 
@@ -141,7 +144,9 @@ cdef class _Store:
         for i in range(first, first + count):
             if self.objs[i] != NULL:
                 continue
-            if self.v33:
+            if self.no_pool:
+                b = KVCacheBlock24.__new__(KVCacheBlock24)
+            elif self.v33:
                 b = KVCacheBlock33.__new__(KVCacheBlock33)
             else:
                 b = KVCacheBlock.__new__(KVCacheBlock)
@@ -243,10 +248,10 @@ cdef Py_ssize_t _adopt(_Store st, object o) except -2:
         return -1
     if old.pool != NULL and <object> old.pool is not _store_pool(st):
         return -1  # made for another pool: that pool's, not ours
-    if (type(b) is KVCacheBlock33) != st.v33:
+    if _block_kind(type(b)) != _store_kind(st):
         raise TypeError(
-            f"block {b._bid} is of the vLLM {'0.33' if type(b) is KVCacheBlock33 else '0.15'} "
-            f"line; this pool or queue is of the {'0.33' if st.v33 else '0.15'} line"
+            f"block {b._bid} is a {_block_kind(type(b))} block; this pool or queue holds "
+            f"{_store_kind(st)} blocks"
         )
     i = st.add_slot()
     st.ref_cnt[i] = old.ref_cnt[0]
@@ -271,10 +276,11 @@ cdef int _give_private_store(KVCacheBlock b, int32_t ref_cnt, uint8_t flags,
     store takes over the reference ``owned_hash``, which may be NULL)."""
     cdef _Store mine
     try:
-        mine = _Store(1, True, type(b) is KVCacheBlock33)
+        mine = _Store(1, True, isinstance(b, KVCacheBlock33))
     except BaseException:
         Py_XDECREF(owned_hash)
         raise
+    mine.no_pool = type(b) is KVCacheBlock24
     mine.ref_cnt[0] = ref_cnt
     mine.flags[0] = flags
     mine.hash[0] = owned_hash
@@ -356,8 +362,17 @@ cdef inline Py_ssize_t _index_in(_Store st, object o) except -1:
 
 
 cdef inline bint _is_block(object o) noexcept:
-    """Exactly one of the two handle classes (two pointer compares)."""
-    return type(o) is KVCacheBlock or type(o) is KVCacheBlock33
+    """Exactly one of the handle classes (pointer compares)."""
+    return type(o) is KVCacheBlock or type(o) is KVCacheBlock33 or type(o) is KVCacheBlock24
+
+
+cdef str _block_kind(object cls):
+    """The line a handle class belongs to, in messages."""
+    return "0.24-0.29" if cls is KVCacheBlock24 else ("0.33" if cls is KVCacheBlock33 else "0.15")
+
+
+cdef str _store_kind(_Store st):
+    return "0.24-0.29" if st.no_pool else ("0.33" if st.v33 else "0.15")
 
 
 cdef inline _Store _live_store(KVCacheBlock b):
@@ -475,7 +490,6 @@ cdef class KVCacheBlock:
         raise TypeError("KVCacheBlock cannot be pickled: it is a view of its pool")
 
 
-@cython.final
 @cython.no_gc
 cdef class KVCacheBlock33(KVCacheBlock):
     """A block of the vLLM 0.33 line (``kvpool.v0_33.KVCacheBlock``).
@@ -537,6 +551,32 @@ cdef class KVCacheBlock33(KVCacheBlock):
 
     def __repr__(self):
         return _block_repr(self, f"_block_hash_num_tokens={self.block_hash_num_tokens}, ")
+
+
+@cython.final
+@cython.no_gc
+cdef class KVCacheBlock24(KVCacheBlock33):
+    """A block of vLLM 0.24-0.29: ``KVCacheBlock33`` without ``pool`` (the
+    field and the constructor argument came in 0.30). The pool a block
+    belongs to is still known to the core (cross-pool frees), just not
+    shown."""
+
+    def __init__(
+        self,
+        block_id,
+        ref_cnt=0,
+        _block_hash=None,
+        _block_hash_num_tokens=None,
+        prev_free_block=None,
+        next_free_block=None,
+        is_null=False,
+    ):
+        _init_standalone(self, block_id, ref_cnt, _block_hash, prev_free_block,
+                         next_free_block, is_null, _check_ntok(_block_hash_num_tokens), None)
+
+    @property
+    def pool(self):
+        raise AttributeError("'KVCacheBlock' object has no attribute 'pool'")
 
 
 cdef int _init_standalone(KVCacheBlock self, object block_id, object ref_cnt,
@@ -651,7 +691,7 @@ cdef class FreeKVCacheBlockQueue:
             if not _is_block(o):
                 raise TypeError(f"expected a KVCacheBlock, got {type(o).__name__}")
             if type(o) is not cls:
-                raise TypeError("blocks of the 0.15 and the 0.33 line cannot share a queue")
+                raise TypeError("blocks of different vLLM lines cannot share a queue")
             b = <KVCacheBlock> o
             if b._st == NULL:
                 raise RuntimeError("KVCacheBlock was not initialised")
@@ -660,7 +700,8 @@ cdef class FreeKVCacheBlockQueue:
             if id(b) in seen:
                 raise ValueError(f"block {b._bid} appears twice")
             seen.add(id(b))
-        st = _Store(n, False, cls is KVCacheBlock33)
+        st = _Store(n, False, cls is KVCacheBlock33 or cls is KVCacheBlock24)
+        st.no_pool = cls is KVCacheBlock24
         st.owned = True
         # Blocks made with pool=P (vLLM builds a pool's queue from its
         # blocks this way) keep P as their pool: weakly, as the pool owns
@@ -1331,6 +1372,26 @@ cdef class PoolCore:
     """The block bookkeeping of a pool; ``kvpool.BlockPool`` subclasses it and
     adds events and metrics. ``PoolCore(num_gpu_blocks, *facade_args)``."""
 
+    # Rules in which vLLM releases differ, one class attribute each: a
+    # facade overrides the ones its release needs. They are read once, when
+    # a pool is built, into C fields (changing them later has no effect).
+    # The twin (_core_py.PoolCore) has the same names and defaults.
+
+    #: 33: the 0.33-style store (several keys per block, partial entries,
+    #: token counts, ``block.pool``) and 0.33's free order, eviction and
+    #: cross-pool frees (the lines of vLLM 0.24 and later); 15: vLLM 0.15's.
+    _kvpool_line = 15
+    #: True: ``touch`` adds one to the null block's ``ref_cnt`` and
+    #: ``free_blocks`` takes one (it may go below 0; it is never checked or
+    #: queued), and on the 0.33-style store another pool's null block is
+    #: handed to its pool like its other blocks -- as vLLM does before 0.33.
+    #: False: the null block is skipped (vLLM 0.33).
+    _kvpool_counts_null = False
+    #: With the 0.33-style store: True, blocks show their pool (``pool``
+    #: field and argument, vLLM 0.30 and later: ``KVCacheBlock33``); False,
+    #: they do not (vLLM 0.24-0.29: ``KVCacheBlock24``).
+    _kvpool_block_pool = True
+
     def __cinit__(self, num_gpu_blocks, *args, **kwargs):
         cdef Py_ssize_t n, i
         if isinstance(num_gpu_blocks, bool) or not isinstance(num_gpu_blocks, int):
@@ -1342,8 +1403,10 @@ cdef class PoolCore:
                 f"num_gpu_blocks must be in [1, {MAX_BLOCKS}], got {num_gpu_blocks}"
             )
         n = num_gpu_blocks
-        # The facade says which vLLM line it serves (kvpool.v0_33 sets 33).
-        st = _Store(n, False, getattr(type(self), "_kvpool_line", 15) == 33)
+        cls = type(self)
+        st = _Store(n, False, cls._kvpool_line == 33)
+        st.no_pool = st.v33 and not cls._kvpool_block_pool
+        self._count_null = bool(cls._kvpool_counts_null)
         st.owned = True
         st.pool = <PyObject *> self  # borrowed: cleared in __dealloc__
         # Block 0 is the null block: never in the queue.
@@ -1612,13 +1675,14 @@ cdef class PoolCore:
             if v33:
                 _free33(self, PySequence_Fast_ITEMS(seq) + idx, idx + 1, -1)
             else:
-                _free(self.st, PySequence_Fast_ITEMS(seq) + idx, idx + 1, -1)
+                _free(self.st, PySequence_Fast_ITEMS(seq) + idx, idx + 1, -1, self._count_null)
             return
         seq = PySequence_Fast(ordered_blocks, "ordered_blocks must be iterable")
         if v33:
             _free33(self, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq), 1)
         else:
-            _free(self.st, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq), 1)
+            _free(self.st, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq), 1,
+                  self._count_null)
 
     def _allocate(self, num_blocks, bint evict, list removed):
         return _allocate(self.st, num_blocks, evict, self._map, removed, self._by_block)
@@ -1712,6 +1776,8 @@ cdef class PoolCore:
         for j in range(n):
             i = (<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx
             if st.flags[i] & _NULL:
+                if self._count_null:
+                    st.ref_cnt[i] += 1  # never queued (checked above for overflow)
                 continue
             if st.prev[i] >= 0:
                 st.unlink(i)
@@ -1904,11 +1970,13 @@ cdef object self_ntok(_Store st, Py_ssize_t i):
     return None if st.ntok[i] == NTOK_NONE else st.ntok[i]
 
 
-cdef int _free(_Store st, PyObject **items, Py_ssize_t n, Py_ssize_t stride) except -1:
+cdef int _free(_Store st, PyObject **items, Py_ssize_t n, Py_ssize_t stride,
+               bint count_null) except -1:
     """free_blocks over ``items[0], items[stride], ...`` (``n`` of them), in
     one pass: check, decrement, and link the blocks reaching zero after the
     current last block (the tail is closed at the end). On a bad block
-    everything done so far is undone."""
+    everything done so far is undone. ``count_null``: the null block's
+    ``ref_cnt`` is decremented too (rule ``_kvpool_counts_null``)."""
     cdef Py_ssize_t j, i, done = 0, linked = 0
     cdef int32_t tail = <int32_t> (st.n + 1)
     cdef int32_t last0 = st.prev[tail], last = last0, k, nx
@@ -1935,6 +2003,11 @@ cdef int _free(_Store st, PyObject **items, Py_ssize_t n, Py_ssize_t stride) exc
                 st.prev[i] = last
                 last = <int32_t> i
                 linked += 1
+        elif count_null:
+            if st.ref_cnt[i] == NULL_REF_CNT_MIN:
+                problem = "underflow"
+                break
+            st.ref_cnt[i] -= 1
         done += 1
     if problem is not None:
         k = st.next[last0]
@@ -1946,7 +2019,7 @@ cdef int _free(_Store st, PyObject **items, Py_ssize_t n, Py_ssize_t stride) exc
         st.next[last0] = tail
         for j in range(done):
             i = (<KVCacheBlock> items[j * stride])._idx
-            if not (st.flags[i] & _NULL):
+            if count_null or not (st.flags[i] & _NULL):
                 st.ref_cnt[i] += 1
         _raise_free_error(st, <object> items[done * stride], problem)
     st.next[last] = tail
@@ -1974,6 +2047,8 @@ cdef int _raise_free_error(_Store st, object o, str problem) except -1:
     cdef KVCacheBlock b = <KVCacheBlock> o
     if problem == "twice":
         raise ValueError(f"block {b._bid} appears twice in one free_blocks call")
+    if problem == "underflow":
+        raise ValueError(f"the null block's ref_cnt would go below {NULL_REF_CNT_MIN}")
     raise ValueError(f"block {b._bid} is freed with ref_cnt 0 (double free?)")
 
 
@@ -2036,7 +2111,8 @@ cdef bint _evict33(_Store st, BlockHashToBlockMap cache, Py_ssize_t i,
 
 cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t stride) except -1:
     """vLLM 0.33's free_blocks over ``items[0], items[stride], ...``: null
-    blocks are skipped; blocks of another pool are handed to that pool's
+    blocks are skipped (rule ``_kvpool_counts_null``: this pool's loses a
+    reference, another pool's is handed to that pool); blocks of another pool are handed to that pool's
     ``free_blocks`` afterwards (grouped by pool, in order of appearance);
     this pool's blocks lose one reference per appearance (a block may appear
     as often as it holds references: vLLM frees the copy-on-write sources of
@@ -2047,7 +2123,7 @@ cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t strid
     changed nothing."""
     cdef _Store st = pool.st
     cdef Py_ssize_t j, i, done = 0
-    cdef bint caching = pool._caching
+    cdef bint caching = pool._caching, count_null = pool._count_null
     cdef int32_t head = <int32_t> st.n, tail = <int32_t> (st.n + 1)
     cdef int32_t f_first = -1, f_last = -1, l_first = -1, l_last = -1, p
     cdef Py_ssize_t nfirst = 0, nlast = 0
@@ -2061,7 +2137,7 @@ cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t strid
         if i < 0:
             i = _adopt(st, <object> o)  # vLLM: a block without a pool is this pool's
         if i < 0:
-            if not _null_elsewhere(<object> o):
+            if count_null or not _null_elsewhere(<object> o):
                 other = _pool_of(<object> o)
                 if other is None or other is pool:
                     bad = <object> o  # not this pool's block
@@ -2077,14 +2153,21 @@ cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t strid
                 bad = <object> o
                 break
             st.ref_cnt[i] -= 1
+        elif count_null:
+            if st.ref_cnt[i] == NULL_REF_CNT_MIN:
+                bad = <object> o
+                break
+            st.ref_cnt[i] -= 1
         done += 1
     if bad is not None:
         for j in range(done):
             i = _index_in_or_none(st, <object> items[j * stride])
-            if i >= 0 and not (st.flags[i] & _NULL):
+            if i >= 0 and (count_null or not (st.flags[i] & _NULL)):
                 st.ref_cnt[i] += 1
         if _index_in_or_none(st, bad) < 0:
             _index_in(st, bad)  # raises: not this pool's block
+        if st.flags[(<KVCacheBlock> bad)._idx] & _NULL:
+            raise ValueError(f"the null block's ref_cnt would go below {NULL_REF_CNT_MIN}")
         raise ValueError(f"block {(<KVCacheBlock> bad)._bid} is freed with ref_cnt 0 "
                          "(double free, or more appearances than references?)")
     # 2. Link the released blocks at their last appearance: walk backwards,
