@@ -22,6 +22,7 @@ __all__ = [
     "generate_block_hash_extra_keys",
     "block_extra_keys",
     "has_extra_keys",
+    "mm_extra_keys",
     "prompt_embeds_digest",
 ]
 
@@ -42,17 +43,28 @@ def has_extra_keys(request: Any) -> bool:
     )
 
 
-def _mm_extra_keys(request: Any, start: int, end: int, start_mm_idx: int) -> tuple[list[Any], int]:
-    """The identifiers of the multimodal items overlapping the block
-    ``[start, end)``, walking from item ``start_mm_idx`` (negative: from the
-    end), and the item the next block starts from. As vLLM 0.17/0.18, an
-    item that ends exactly where the block starts still counts for it."""
+def mm_extra_keys(
+    request: Any,
+    start: int,
+    end: int,
+    start_mm_idx: int,
+    *,
+    item_key: Callable[[Any, int], Any],
+    touching_counts: bool,
+) -> tuple[list[Any], int]:
+    """The keys (``item_key(feature, start)``) of the multimodal items
+    overlapping the block ``[start, end)``, walking from item
+    ``start_mm_idx`` (negative: from the end), and the item the next block
+    starts from. Items are sorted by offset and do not overlap;
+    ``touching_counts``: an item ending exactly where the block starts
+    counts for it too (vLLM before 0.19)."""
     keys: list[Any] = []
     features = getattr(request, "mm_features", None)
     if not features:
         return keys, start_mm_idx
+    # Past the last item's end (or at it, since 0.19): nothing to walk.
     last = features[-1].mm_position
-    if last.offset + last.length < start:
+    if last.offset + last.length + touching_counts <= start:
         return keys, start_mm_idx
     idx = start_mm_idx
     if idx < 0:
@@ -67,14 +79,22 @@ def _mm_extra_keys(request: Any, start: int, end: int, start_mm_idx: int) -> tup
         item_end = offset + feature.mm_position.length
         if end <= offset:
             break  # the block ends before this item
-        if start > item_end:
+        if item_end + touching_counts <= start:
             idx += 1  # the block starts after this item
             continue
-        keys.append(feature.identifier)
+        keys.append(item_key(feature, start))
         if end < item_end:
             break  # the item goes on into the next block
         idx += 1
     return keys, idx
+
+
+def _mm_extra_keys(request: Any, start: int, end: int, start_mm_idx: int) -> tuple[list[Any], int]:
+    # vLLM 0.17/0.18: an item is keyed by its identifier alone.
+    return mm_extra_keys(
+        request, start, end, start_mm_idx,
+        item_key=lambda feature, _start: feature.identifier, touching_counts=True,
+    )
 
 
 def prompt_embeds_digest(request: Any, start: int, end: int) -> list[bytes]:
