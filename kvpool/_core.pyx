@@ -462,6 +462,12 @@ cdef class KVCacheBlock:
     def _block_hash(self):
         return self.block_hash
 
+    @_block_hash.setter
+    def _block_hash(self, value):
+        # vLLM's connectors write the field directly (SimpleCPUOffload, from
+        # 0.19, on a block fresh from get_new_blocks): the setter's rules.
+        self.block_hash = value
+
     def reset_hash(self):
         """Forget the block's hash key (when its cache entry is evicted)."""
         cdef _Store st = _live_store(self)

@@ -184,6 +184,12 @@ class KVCacheBlock:
     def _block_hash(self) -> bytes | None:
         return self._hash
 
+    @_block_hash.setter
+    def _block_hash(self, block_hash: bytes | None) -> None:
+        # vLLM's connectors write the field directly (SimpleCPUOffload, from
+        # 0.19, on a block fresh from get_new_blocks): the setter's rules.
+        self.block_hash = block_hash
+
     def reset_hash(self) -> None:
         """Forget the hash key (the block was evicted from the prefix cache)."""
         self._hash = None

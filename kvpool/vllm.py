@@ -100,6 +100,13 @@ VLLM_LINES = (
     # 0.15.0's and 0.16.0's block_pool, kv_cache_utils, kv_events and
     # kv_cache_metrics are byte-identical to 0.15.1's.
     VLLMLine("0.15", ("0.15.0", "0.15.1", "0.16.0"), "kvpool.v0_15"),
+    VLLMLine("0.17", ("0.17.0", "0.17.1"), "kvpool.v0_17"),
+    # 0.18 made KVCacheBlock a slotted dataclass; pool-wise it is 0.17.
+    VLLMLine("0.18", ("0.18.0", "0.18.1"), "kvpool.v0_18"),
+    VLLMLine("0.19", ("0.19.0", "0.19.1"), "kvpool.v0_19"),
+    VLLMLine("0.20", ("0.20.0", "0.20.1", "0.20.2", "0.21.0"), "kvpool.v0_20"),
+    VLLMLine("0.22", ("0.22.0", "0.22.1"), "kvpool.v0_22"),
+    VLLMLine("0.23", ("0.23.0",), "kvpool.v0_23"),
     # 0.29-0.32: the 0.33 line minus what each later release added, one
     # package per release (kvpool/v0_32 ... v0_29 say what differs).
     VLLMLine("0.29", ("0.29.0",), "kvpool.v0_29"),
