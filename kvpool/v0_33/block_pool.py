@@ -108,15 +108,30 @@ class BlockPoolMixin(_PoolCoreBase):
         num_hash_lookahead_tokens: int = 0,
         medium: str = MEDIUM_GPU,
     ) -> None:
+        self._init_pool(
+            num_gpu_blocks, enable_caching, hash_block_size, enable_kv_cache_events,
+            metrics_collector,
+        )
+        # vLLM's own callers pass a bool (use_eagle) as well as an int.
+        _check_count("num_hash_lookahead_tokens", num_hash_lookahead_tokens, bool_ok=True)
+        self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
+        self.medium = medium
+
+    def _init_pool(
+        self,
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        hash_block_size: int,
+        enable_kv_cache_events: bool,
+        metrics_collector: KVCacheMetricsCollector | None,
+    ) -> None:
+        """What every line's ``__init__`` does (older lines take fewer
+        arguments and call this)."""
         # The core validated num_gpu_blocks and built the blocks.
         super().__init__(num_gpu_blocks)
         _check_positive_int("hash_block_size", hash_block_size)
-        # vLLM's own callers pass a bool (use_eagle) as well as an int.
-        _check_count("num_hash_lookahead_tokens", num_hash_lookahead_tokens, bool_ok=True)
-        self.medium = medium
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
-        self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
         self.enable_kv_cache_events = enable_kv_cache_events
         self.kv_event_queue: list[KVCacheEvent] = []
         self.metrics_collector = metrics_collector
@@ -174,16 +189,12 @@ class BlockPoolMixin(_PoolCoreBase):
             parent = maybe_convert_block_hash(raw[num_cached_blocks * scale - 1])
         else:
             parent = maybe_convert_block_hash(hashes[num_cached_blocks - 1])
-        extra_keys_list, lookahead = self._event_extra_keys(
-            request,
-            [
-                i
-                for i in range(num_cached_blocks, num_full_blocks)
-                if not blocks[i].is_null
-                and (block_mask is None or block_mask[i - num_cached_blocks])
-            ],
-            block_size,
-        )
+        stored_indices = [
+            i
+            for i in range(num_cached_blocks, num_full_blocks)
+            if not blocks[i].is_null
+            and (block_mask is None or block_mask[i - num_cached_blocks])
+        ]
         self.kv_event_queue.append(
             self._build_block_stored_event(
                 request,
@@ -193,17 +204,18 @@ class BlockPoolMixin(_PoolCoreBase):
                 end_token_idx=num_full_blocks * block_size,
                 block_size=block_size,
                 kv_cache_group_id=kv_cache_group_id,
-                extra_keys_list=extra_keys_list,
-                lookahead_token_ids=lookahead,
+                extra_keys_list=self._event_extra_keys(request, stored_indices, block_size),
+                lookahead_token_ids=self._event_lookahead(
+                    request, [(i + 1) * block_size for i in stored_indices]
+                ),
             )
         )
 
     def _event_extra_keys(
-        self, request: Any, block_indices: Iterable[int], block_size: int
-    ) -> tuple[list[Any], list[list[int]] | None]:
-        """Per block (by index, ascending): its extra keys, and the
-        lookahead tokens its hash covers (None when lookahead is off)."""
-        lookahead: list[list[int]] | None = [] if self.num_hash_lookahead_tokens else None
+        self, request: Any, block_indices: Sequence[int], block_size: int
+    ) -> list[Any]:
+        """Per block (by index, ascending): its extra keys, as the event's
+        ``extra_keys`` argument takes them."""
         if (
             not request.lora_request
             and not request.mm_features
@@ -212,12 +224,7 @@ class BlockPoolMixin(_PoolCoreBase):
         ):
             # A plain request: no block has extra keys (the common case,
             # without a generator call per block).
-            keys_list: list[Any] = []
-            for i in block_indices:
-                keys_list.append(None)
-                if lookahead is not None:
-                    lookahead.append(self._lookahead_token_ids(request, (i + 1) * block_size))
-            return keys_list, lookahead
+            return [None] * len(block_indices)
         keys_list = []
         mm_idx = 0
         for i in block_indices:
@@ -226,9 +233,16 @@ class BlockPoolMixin(_PoolCoreBase):
                 request, start, start + block_size, mm_idx
             )
             keys_list.append(keys)
-            if lookahead is not None:
-                lookahead.append(self._lookahead_token_ids(request, start + block_size))
-        return keys_list, lookahead
+        return keys_list
+
+    def _event_lookahead(self, request: Any, block_ends: Sequence[int]) -> list[list[int]] | None:
+        """Per block (by its end token), the tokens after it that its hash
+        covers; None when lookahead hashing is off."""
+        n = self.num_hash_lookahead_tokens
+        if not n:
+            return None
+        tokens = request.all_token_ids
+        return [tokens[end : end + n] for end in block_ends]
 
     def _generate_event_extra_keys(
         self, request: Any, start: int, end: int, start_mm_idx: int
@@ -239,9 +253,6 @@ class BlockPoolMixin(_PoolCoreBase):
                 request, start, end, end + self.num_hash_lookahead_tokens, start_mm_idx
             )
         return generate_block_hash_extra_keys(request, start, end, start_mm_idx)
-
-    def _lookahead_token_ids(self, request: Any, block_end: int) -> list[int]:
-        return request.all_token_ids[block_end : block_end + self.num_hash_lookahead_tokens]
 
     def _build_block_stored_event(
         self,
@@ -255,6 +266,8 @@ class BlockPoolMixin(_PoolCoreBase):
         extra_keys_list: list[Any],
         lookahead_token_ids: list[list[int]] | None,
     ) -> Any:
+        """The ``BlockStored`` event, with this release's fields (each line
+        whose release changed them has its own)."""
         lora = request.lora_request
         return self._BlockStored(
             block_hashes=block_hashes,
@@ -262,7 +275,7 @@ class BlockPoolMixin(_PoolCoreBase):
             token_ids=request.all_token_ids[start_token_idx:end_token_idx],
             block_size=block_size,
             lora_id=lora.adapter_id if lora else None,
-            medium=self.medium,
+            medium=self._event_medium,
             lora_name=lora.name if lora else None,
             extra_keys=to_event_extra_keys(extra_keys_list),
             group_idx=kv_cache_group_id,
@@ -280,9 +293,6 @@ class BlockPoolMixin(_PoolCoreBase):
             return
         hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
         cached = [hashes[i] for i in range(num_cached_blocks)]
-        extra_keys_list, lookahead = self._event_extra_keys(
-            request, range(num_cached_blocks), block_size
-        )
         # A hit is a prefix from block 0: no parent.
         self.kv_event_queue.append(
             self._build_block_stored_event(
@@ -293,8 +303,12 @@ class BlockPoolMixin(_PoolCoreBase):
                 end_token_idx=num_cached_blocks * block_size,
                 block_size=block_size,
                 kv_cache_group_id=kv_cache_group_id,
-                extra_keys_list=extra_keys_list,
-                lookahead_token_ids=lookahead,
+                extra_keys_list=self._event_extra_keys(
+                    request, range(num_cached_blocks), block_size
+                ),
+                lookahead_token_ids=self._event_lookahead(
+                    request, range(block_size, (num_cached_blocks + 1) * block_size, block_size)
+                ),
             )
         )
 
@@ -320,13 +334,8 @@ class BlockPoolMixin(_PoolCoreBase):
         if block.is_null:
             return None
         self._check_own(block)
-        _check_positive_int("block_size", block_size)
+        self._check_partial_block_args(num_tokens, block_size, replace_existing_hashes)
         hash_block_size = self.hash_block_size
-        if block_size % hash_block_size:
-            raise PoolArgumentError(
-                f"block_size ({block_size}) must be a multiple of "
-                f"hash_block_size ({hash_block_size})"
-            )
         block_hash = self._get_partial_block_hash(request, num_tokens)
         num_hash_tokens = (num_tokens // hash_block_size) * hash_block_size
         key = make_block_hash_with_group_id(block_hash, kv_cache_group_id)
@@ -351,33 +360,46 @@ class BlockPoolMixin(_PoolCoreBase):
             )
         return key
 
+    def _check_partial_block_args(
+        self, num_tokens: int, block_size: int, replace_existing_hashes: bool
+    ) -> None:
+        """``cache_partial_block``'s argument checks (vLLM asserts them;
+        ``num_tokens`` is checked with the request's hashes)."""
+        _check_positive_int("block_size", block_size)
+        if block_size % self.hash_block_size:
+            raise PoolArgumentError(
+                f"block_size ({block_size}) must be a multiple of "
+                f"hash_block_size ({self.hash_block_size})"
+            )
+
     def _partial_block_stored_event(
         self, request: Any, block_hash: bytes, num_tokens: int, kv_cache_group_id: int
     ) -> Any:
         parent, start = self._get_partial_block_parent_hash_and_start(request, num_tokens)
-        mm_idx = 0
+        keys, _ = self._generate_event_extra_keys(
+            request, start, num_tokens, self._partial_block_mm_idx(request, start, num_tokens)
+        )
+        return self._build_block_stored_event(
+            request,
+            block_hashes=[maybe_convert_block_hash(block_hash)],
+            parent_block_hash=None if parent is None else maybe_convert_block_hash(parent),
+            start_token_idx=start,
+            end_token_idx=num_tokens,
+            block_size=num_tokens - start,
+            kv_cache_group_id=kv_cache_group_id,
+            extra_keys_list=[keys],
+            lookahead_token_ids=self._event_lookahead(request, [num_tokens]),
+        )
+
+    def _partial_block_mm_idx(self, request: Any, start: int, end: int) -> int:
+        """The multimodal item to look for a partial block's extra keys
+        from: the first that overlaps ``[start, end)``."""
         features = request.mm_features
         if start > 0 and features:
             last = features[-1].mm_position
             if last.offset + last.length > start:
-                mm_idx, _ = mm_features_window(features, start, num_tokens)
-        keys, _ = self._generate_event_extra_keys(request, start, num_tokens, mm_idx)
-        lora = request.lora_request
-        return self._BlockStored(
-            block_hashes=[maybe_convert_block_hash(block_hash)],
-            parent_block_hash=None if parent is None else maybe_convert_block_hash(parent),
-            token_ids=request.all_token_ids[start:num_tokens],
-            block_size=num_tokens - start,
-            lora_id=lora.adapter_id if lora else None,
-            medium=self.medium,
-            lora_name=lora.name if lora else None,
-            extra_keys=to_event_extra_keys([keys]),
-            group_idx=kv_cache_group_id,
-            session_id=request.session_id,
-            lookahead_token_ids=[self._lookahead_token_ids(request, num_tokens)]
-            if self.num_hash_lookahead_tokens
-            else None,
-        )
+                return mm_features_window(features, start, end)[0]
+        return 0
 
     def _get_partial_block_hash(self, request: Any, num_tokens: int) -> bytes:
         _check_count("num_tokens", num_tokens)
@@ -411,10 +433,15 @@ class BlockPoolMixin(_PoolCoreBase):
         self._evict_block(block, removed)
         return removed
 
+    @property
+    def _event_medium(self) -> str:
+        """The medium the events name (0.29's say GPU: it has no ``medium``)."""
+        return self.medium
+
     def _emit_block_removed_events(self, keys: list[bytes] | None) -> None:
         if not keys or not self.enable_kv_cache_events:
             return
-        medium = self.medium
+        medium = self._event_medium
         hashes = convert_block_hashes([get_block_hash(key) for key in keys])
         removed_cls = self._BlockRemoved
         self.kv_event_queue.extend(
