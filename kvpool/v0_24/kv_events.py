@@ -1,24 +1,20 @@
-"""KV-cache events of the vLLM 0.24 line (mirrors ``vllm/distributed/kv_events.py``
+"""KV-cache events of vLLM 0.24 and 0.25 (mirrors ``vllm/distributed/kv_events.py``
 of vLLM 0.24.0, 0.25.0 and 0.25.1, which are byte-identical).
 
-0.24 turned the events from msgpack arrays into tagged **maps**
-(``{"type": "BlockStored", ...}``; ``array_like`` dropped from the base), so
-fields equal to their default are left out (``omit_defaults``) and a
-consumer tolerates fields it does not know; the batch stays an array. The
-fields are 0.23's: the 0.33 line's ``locality``, ``ownership``,
-``session_id`` and ``lookahead_token_ids`` do not exist yet. Field names,
-order and defaults are the wire contract: do not reorder, rename or add.
+The 0.26-0.28 events (``kvpool.v0_28.kv_events``) without ``locality``,
+which 0.26 added to ``BlockStored`` and ``BlockRemoved``, and with ``GPU``
+the only medium. (0.24 is where the events became tagged msgpack maps, the
+0.33 line's ``KVCacheEvent``: ``array_like`` dropped, defaults omitted.)
+The byte-for-byte contract with these releases is the field names, their
+order and their defaults: do not reorder, rename or add.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..events import EventBatch
 from ..hashing import ExternalBlockHash
-
-# The tagged-map base and the field-less event are 0.33's already.
-from ..v0_33.kv_events import AllBlocksCleared, KVCacheEvent
+from ..v0_28.kv_events import MEDIUM_GPU, AllBlocksCleared, EventBatch, KVCacheEvent
 
 __all__ = [
     "MEDIUM_GPU",
@@ -29,8 +25,6 @@ __all__ = [
     "AllBlocksCleared",
     "KVEventBatch",
 ]
-
-MEDIUM_GPU = "GPU"  # the only medium before 0.26
 
 
 class BlockStored(KVCacheEvent):
@@ -50,24 +44,22 @@ class BlockStored(KVCacheEvent):
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
 
-    def _hash_fields(self) -> tuple[Any, ...]:
-        # vLLM's fields (lora_name excluded), so that events counted across
-        # workers by hash (vLLM's KVEventAggregator) collapse the same way.
-        return (
-            tuple(self.block_hashes),
-            self.parent_block_hash,
-            tuple(self.token_ids),
-            self.block_size,
-            self.lora_id,
-            self.medium,
-            tuple(self.extra_keys) if self.extra_keys else None,
-            self.group_idx,
-            self.kv_cache_spec_kind,
-            self.kv_cache_spec_sliding_window,
-        )
-
     def __hash__(self) -> int:
-        return hash(self._hash_fields())
+        # vLLM's fields (lora_name excluded), as kvpool.v0_28.kv_events.
+        return hash(
+            (
+                tuple(self.block_hashes),
+                self.parent_block_hash,
+                tuple(self.token_ids),
+                self.block_size,
+                self.lora_id,
+                self.medium,
+                tuple(self.extra_keys) if self.extra_keys else None,
+                self.group_idx,
+                self.kv_cache_spec_kind,
+                self.kv_cache_spec_sliding_window,
+            )
+        )
 
 
 class BlockRemoved(KVCacheEvent):
@@ -77,11 +69,8 @@ class BlockRemoved(KVCacheEvent):
     medium: str | None
     group_idx: int | None = None
 
-    def _hash_fields(self) -> tuple[Any, ...]:
-        return (tuple(self.block_hashes), self.medium, self.group_idx)
-
     def __hash__(self) -> int:
-        return hash(self._hash_fields())
+        return hash((tuple(self.block_hashes), self.medium, self.group_idx))
 
 
 class KVEventBatch(EventBatch):
