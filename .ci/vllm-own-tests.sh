@@ -2,7 +2,7 @@
 # Run vLLM's own pool tests, from the release's source distribution, twice in
 # a vLLM environment: with vLLM's classes (stock) and with kvpool's put in
 # their place (tests/vllm_suites/kvpool_swap.py), then check the rule of the
-# README's compatibility section (tests/vllm_suites/compare.py): every test
+# docs/vllm-integration.md, "vLLM's own tests" (tests/vllm_suites/compare.py): every test
 # that passes stock passes with kvpool, but for the listed exceptions.
 #
 # usage: .ci/vllm-own-tests.sh VERSION PYTHON [REPO]

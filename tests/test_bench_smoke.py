@@ -45,7 +45,83 @@ def test_bench_script_smoke(no_c_extensions: bool, line: str) -> None:
             else:
                 assert median is not None and median > 0, (op_id, key, median)
         if row["target"] is not None and not no_c_extensions:
-            assert row["ok"] in (True, False)  # judged, whatever the verdict
+            op = bench._BY_ID[op_id]
+            if op.scale is None:  # the same workload in every mode: judged
+                assert row["ok"] in (True, False) and row["not_judged"] is None, row
+            else:  # --smoke sizes are never the targets' sizes
+                assert row["ok"] is None and row["not_judged"], row
 
     for key in cores:
         assert result["extra"]["trace_replay"][key]["blocks_allocated"] > 0
+
+
+def _settings(mode: str, **sizes: int) -> bench.Settings:
+    return bench.Settings(**{**bench.Settings.for_mode(mode).__dict__, **sizes})
+
+
+def _cells(pure: float, compiled: float) -> dict[str, bench.Cell]:
+    return {"pure": bench.Cell([pure, pure]), "compiled": bench.Cell([compiled, compiled])}
+
+
+def test_size_dependent_rows_declare_their_scale() -> None:
+    # A row whose workload depends on a mode's sizes: the fresh-interpreter
+    # rows (pool size) and the trace rows (trace length). Each must say the
+    # size its target is stated for, and the full run must measure at it.
+    full = bench.Settings.for_mode("full")
+    for op in bench.OPERATIONS:
+        sized = op.in_subprocess or op.id.startswith("trace")
+        assert (op.scale is not None) == sized, op.id
+        if op.scale is not None:
+            assert op.scale.holds_for(full), op.id
+
+
+@pytest.mark.parametrize("line", ["0.15", "0.33"])
+@pytest.mark.parametrize("mode", ["quick", "smoke"])
+def test_size_dependent_row_not_judged_at_another_size(line: str, mode: str) -> None:
+    # A figure that misses every target (pure 1, compiled 1000: ratio 0.001,
+    # 1000 B/block) must not be judged at --quick/--smoke sizes, and must be
+    # judged (and miss) at the size its target is stated for.
+    monkey_line, bench._line = bench._line, line
+    try:
+        for op in bench.OPERATIONS:
+            if op.target_for(line) is None:
+                continue
+            small = bench._row(op, _cells(1.0, 1000.0), bench.Settings.for_mode(mode))
+            full = bench._row(op, _cells(1.0, 1000.0), bench.Settings.for_mode("full"))
+            assert full["ok"] is False and full["not_judged"] is None, op.id
+            if op.scale is None:
+                assert small["ok"] is False, op.id
+            else:
+                assert small["ok"] is None, op.id
+                assert small["not_judged"] == f"target at {op.scale.text}", op.id
+            summary = bench.target_summary([small])
+            assert (op.id in summary["not_judged"]) == (op.scale is not None), op.id
+            assert (op.id in summary["missed"]) == (op.scale is None), op.id
+    finally:
+        bench._line = monkey_line
+
+
+def test_gc_row_at_quick_size_is_not_judged() -> None:
+    # The report that started this: --quick measured gc.collect() at 200,000
+    # blocks, where an idle collection dominates, and printed MISS against a
+    # target stated for 1,000,000.
+    op = bench._BY_ID["gc_collect"]
+    quick = bench.Settings.for_mode("quick")
+    assert quick.subprocess_blocks != bench.AT_1M_BLOCKS.value
+    row = bench._row(op, _cells(20.0, 6.0), quick)
+    assert row["ok"] is None and row["not_judged"] == "target at 1M blocks"
+    at_1m = bench._row(op, _cells(20.0, 6.0), _settings("quick", subprocess_blocks=1_000_000))
+    assert at_1m["ok"] is False  # 3.3x < 15x: judged once measured at 1M blocks
+
+
+def test_table_says_a_row_is_not_judged() -> None:
+    # The printed table and its summary line, from a real (tiny) run of the
+    # gc.collect() row and one row judged in every mode.
+    result = bench.run(bench.Settings.for_mode("smoke"), only=["gc_collect", "queue_remove_append"])
+    table = bench.format_table(result)
+    [gc_line] = [x for x in table.splitlines() if x.startswith("| gc.collect() with")]
+    assert "n/a (target at 1M blocks)" in gc_line and "MISS" not in gc_line
+    assert result["targets"]["not_judged"] == ["gc_collect"]
+    [summary] = [x for x in table.splitlines() if x.startswith("Targets:")]
+    assert summary.endswith("1 not judged, measured at another size than their target "
+                            "is stated for: gc_collect."), summary

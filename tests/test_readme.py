@@ -1,11 +1,27 @@
-"""The README's usage example runs as written (against the core in use)."""
+"""The README's usage example runs as written (against the core in use); in a
+source checkout, its release table is the generated one, it claims only what
+the CI scripts run, and every link of the README and docs/ resolves."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
 from pathlib import Path
+from types import ModuleType
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+RELEASE_TABLE = ROOT / "tools" / "release_table.py"
+# The release wheels' tests run from a copy of tests/ and README.md only
+# (pyproject.toml's test-sources): the checks that need the rest of the
+# source tree run in the checkout (CI's `pytest tests`).
+needs_checkout = pytest.mark.skipif(
+    not RELEASE_TABLE.exists() or not (ROOT / "docs").is_dir(),
+    reason="needs the source checkout (tools/, docs/, .ci/), not only the test sources",
+)
 
 
 def test_readme_usage_example_runs():
@@ -16,3 +32,90 @@ def test_readme_usage_example_runs():
     exec(compile(example, str(README), "exec"), namespace)
     assert namespace["hit"] == namespace["blocks"]
     assert [type(e).__name__ for e in namespace["events"]] == ["BlockStored"]
+
+
+def _release_table() -> ModuleType:
+    """tools/release_table.py, imported once (tools/ is not a package)."""
+    module = sys.modules.get("_kvpool_release_table")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("_kvpool_release_table", RELEASE_TABLE)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+    return module
+
+
+@needs_checkout
+def test_readme_release_table_is_the_generated_one():
+    release_table = _release_table()
+    text = README.read_text(encoding="utf-8")
+    assert release_table.readme_table(text) == release_table.table(), (
+        "README.md's release table is stale: python tools/release_table.py --write")
+
+
+@needs_checkout
+def test_release_table_has_a_row_per_release_and_follows_install():
+    from kvpool.vllm import VLLM_LINES, UnsupportedVLLMVersionError, vllm_line
+
+    release_table = _release_table()
+    rows = release_table.rows()
+    releases = [row[0] for row in rows]
+    assert releases[0] == "0.15.0" and releases[-1] == "0.33.0" and len(releases) == 28
+    assert len(set(releases)) == len(releases)
+    for release, line_text, tested in rows:
+        try:
+            line = vllm_line(release)
+        except UnsupportedVLLMVersionError:
+            assert line_text.startswith("refused") and tested == "—", release
+        else:
+            assert line_text.startswith(f"{line.name} (`{line.module}`)"), release
+    # Every release a line lists has its row, under that line.
+    line_of = {release: line_text for release, line_text, _ in rows}
+    for line in VLLM_LINES:
+        for release in line.releases:
+            assert line_of[release].startswith(f"{line.name} "), (line.name, release)
+    # CI claims are stated only for lines that exist ("not run in CI" else).
+    assert set(release_table.TESTED) <= {line.name for line in VLLM_LINES}
+
+
+@needs_checkout
+def test_release_table_claims_only_what_ci_runs():
+    # A release said to be tested must be one the CI scripts name: the
+    # suites in .ci/vllm-tests.sh, vLLM's own tests in .ci/vllm-own-tests.sh.
+    release_table = _release_table()
+    ci = (ROOT / ".ci" / "vllm-tests.sh").read_text(encoding="utf-8")
+    own = (ROOT / ".ci" / "vllm-own-tests.sh").read_text(encoding="utf-8")
+    for name, entry in release_table.TESTED.items():
+        suite = entry.suite.strip("`")
+        assert (ROOT / suite).is_dir() and suite in ci, (name, suite)
+        for release in entry.releases:
+            assert re.search(rf"(?<![\d.]){re.escape(release)}(?![\d.])", ci), (name, release)
+        for release in entry.own_tests:
+            assert release in entry.releases, (name, release)
+            assert re.search(rf"^\s*{re.escape(release)}\)", own, flags=re.M), (name, release)
+
+
+def _anchors(markdown: str) -> set[str]:
+    # GitHub's heading anchors: lower case, punctuation but '-' and '_'
+    # dropped, spaces to '-'.
+    out = set()
+    for heading in re.findall(r"^#+ (.+)$", markdown, flags=re.M):
+        out.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+    return out
+
+
+@needs_checkout
+def test_readme_and_docs_links_resolve():
+    pages = [README, *sorted((ROOT / "docs").glob("*.md"))]
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        text = re.sub(r"```.*?```|<!--.*?-->", "", text, flags=re.S)  # code, comments
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            assert linked.exists(), (page.name, target)
+            if anchor and linked.suffix == ".md":
+                assert anchor in _anchors(linked.read_text(encoding="utf-8")), (page.name, target)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Release build: a manylinux wheel per CPython 3.10-3.13 found here, and the
 # sdist, in wheelhouse/; then each one tested as a user gets it (see the
-# README's "Release" section).
+# docs/release.md).
 #
 #   tools/build-wheels.sh [--python 3.10,3.13] [--skip-tests] [--out DIR] [--keep-temp]
 #

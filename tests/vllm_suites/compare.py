@@ -1,6 +1,6 @@
 """Compare a stock run of vLLM's own tests with a run with kvpool swapped in
-(two JUnit XML files written by pytest) and apply the rule of the README's
-compatibility section: every test that passes with vLLM's pool passes with
+(two JUnit XML files written by pytest) and apply the rule of
+docs/vllm-integration.md, "vLLM's own tests": every test that passes with vLLM's pool passes with
 kvpool's, except the ones listed in ``exceptions.txt`` for this release, each
 with the safety property it protects.
 

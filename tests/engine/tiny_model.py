@@ -1,0 +1,86 @@
+"""A tiny Llama checkpoint made on the spot: ``config.json`` plus seeded random
+``model.safetensors``, nothing from a hub.
+
+Why not vLLM's dummy loader: it fills weights uniformly within +-1e-3, so the
+model ignores its context and a pool that hands out the wrong cached block
+changes no generated token. These weights are of ordinary scale (embedding
+std 1, query/key projections std 0.35, so attention depends on what is in the
+KV cache), which makes a wrong block change the output.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+#: Two layers, head_dim 32 (vLLM's CPU attention wants >= 32), GQA 4:2.
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "num_hidden_layers": 2,
+    "vocab_size": 1024,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+# Standard deviation of each weight kind (norm weights are ones).
+_STD = {"embed": 1.0, "q": 0.35, "k": 0.35, "v": 0.3, "o": 0.1, "mlp": 0.08, "head": 0.15}
+
+
+def make_model(directory: Path | str, *, seed: int = 1234, layers: int | None = None,
+               sliding_window: int | None = None) -> Path:
+    """Write the checkpoint into ``directory`` (created) and return it.
+    ``sliding_window``: every other layer becomes a sliding-window layer
+    (a full + sliding-window model), where the model class supports it."""
+    import torch
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = dict(CONFIG)
+    if layers is not None:
+        config["num_hidden_layers"] = layers
+    if sliding_window is not None:
+        config["sliding_window"] = sliding_window
+        config["layer_types"] = [
+            "sliding_attention" if i % 2 else "full_attention"
+            for i in range(config["num_hidden_layers"])
+        ]
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    head_dim = config["head_dim"]
+    q_out = config["num_attention_heads"] * head_dim
+    kv_out = config["num_key_value_heads"] * head_dim
+    vocab = config["vocab_size"]
+    gen = torch.Generator().manual_seed(seed)
+
+    def normal(std: float, *shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float32) * std
+
+    tensors = {"model.embed_tokens.weight": normal(_STD["embed"], vocab, hidden)}
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        tensors[p + "self_attn.q_proj.weight"] = normal(_STD["q"], q_out, hidden)
+        tensors[p + "self_attn.k_proj.weight"] = normal(_STD["k"], kv_out, hidden)
+        tensors[p + "self_attn.v_proj.weight"] = normal(_STD["v"], kv_out, hidden)
+        tensors[p + "self_attn.o_proj.weight"] = normal(_STD["o"], hidden, q_out)
+        tensors[p + "mlp.gate_proj.weight"] = normal(_STD["mlp"], inter, hidden)
+        tensors[p + "mlp.up_proj.weight"] = normal(_STD["mlp"], inter, hidden)
+        tensors[p + "mlp.down_proj.weight"] = normal(_STD["mlp"], hidden, inter)
+        tensors[p + "input_layernorm.weight"] = torch.ones(hidden)
+        tensors[p + "post_attention_layernorm.weight"] = torch.ones(hidden)
+    tensors["model.norm.weight"] = torch.ones(hidden)
+    tensors["lm_head.weight"] = normal(_STD["head"], vocab, hidden)
+    save_file(tensors, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    return directory
