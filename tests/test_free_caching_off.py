@@ -17,7 +17,7 @@ from types import ModuleType
 
 import pytest
 
-from _helpers import ids
+from _helpers import PlainRequest, ids
 from kvpool.v0_33 import make_block_pool_class as make_v033
 
 RULES = ["front", "by_hash", "back"]
@@ -35,18 +35,6 @@ def pool_class(core: ModuleType, rule: str) -> type:
     return cls
 
 
-class _Request:
-    lora_request = None
-    mm_features: list = []
-    cache_salt = None
-    prompt_embeds = None
-    session_id = None
-
-    def __init__(self, num_blocks: int) -> None:
-        self.block_hashes = [bytes([i + 1]) * 32 for i in range(num_blocks)]
-        self.all_token_ids = list(range(4 * num_blocks))
-
-
 def free_reversed(core: ModuleType, rule: str, caching: bool, cache_first: bool,
                   as_iterator: bool = False) -> list[int]:
     """The queue after [1, 2, 3] of a 6-block pool are freed reversed (block
@@ -54,7 +42,7 @@ def free_reversed(core: ModuleType, rule: str, caching: bool, cache_first: bool,
     pool = pool_class(core, rule)(6, caching, 4)
     blocks = pool.get_new_blocks(3)
     if cache_first:
-        pool.cache_full_blocks(_Request(3), blocks, 0, 1, 4, 0)
+        pool.cache_full_blocks(PlainRequest(3), blocks, 0, 1, 4, 0)
     # reversed(list) is the engine's call, which the compiled core walks in place.
     pool.free_blocks(reversed(blocks) if as_iterator else blocks[::-1])
     return ids(pool.free_block_queue.get_all_free_blocks())
