@@ -1,6 +1,6 @@
 """The hypothesis state machine of the 0.33 line: ``kvpool.v0_33`` pools over
 every core, side by side, driven by the operation families of the vLLM 0.33
-differential tests (``_v033_driver.py``: requests with shared prefixes, hits
+differential tests (``_release_driver.py``: requests with shared prefixes, hits
 and touch, get_new_blocks, cache_full_blocks with and without block_mask,
 partial entries and promotions, move_block_hashes, outside ref_cnt writes,
 free_blocks per group and deferred, unpin_blocks with reuse watchers, sliding
@@ -38,7 +38,7 @@ from hypothesis.stateful import (
 )
 
 from _helpers import run_state_machine_under_dev_mode
-from _v033_driver import Config, Driver, FakeRequest, Side, pool_state
+from _release_driver import Config, Driver, FakeRequest, Side, pool_state
 
 ENV_INT_HASHES = "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"
 REFUSALS = (ValueError, RuntimeError, TypeError)

@@ -1,6 +1,6 @@
 """Differential tests: kvpool.v0_33's BlockPool, over each core, against vLLM
 0.33.0's own pure-Python BlockPool, driven in lock-step by seeded random
-operation sequences (``tests/_v033_driver.py``: requests with real chained
+operation sequences (``tests/_release_driver.py``: requests with real chained
 sha256 block hashes made by vLLM's own block hasher, shared prefixes, LoRA /
 cache_salt / multimodal features / session ids, partial entries and
 promotions, move_block_hashes, reuse watchers, cross-pool frees with a vLLM
@@ -55,7 +55,7 @@ from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.kv_cache_metrics import KVCacheMetricsCollector as VllmCollector
 from vllm.v1.hisparse.block_pool import SharedEventQueueBlockPool
 
-from _v033_driver import Config, Driver, HarnessError, Mismatch, Side, block_fields
+from _release_driver import Config, Driver, HarnessError, Mismatch, Side, block_fields
 
 # The block hasher needs vLLM's seed for the first block's parent hash.
 if not hasattr(kv_cache_utils, "NONE_HASH"):

@@ -1,36 +1,45 @@
-"""A lock-step driver for vLLM 0.33.0-style block pools, shared by the
-differential tests against vLLM 0.33.0 (``tests/vllm33/test_pool_diff.py``)
+"""A lock-step driver for the block pools of every vLLM release 0.15.0 ...
+0.33.0, shared by the differential tests against each release's own pool
+(``tests/vllm_release/test_pool_diff.py``, ``tests/vllm33/test_pool_diff.py``)
 and the hypothesis state machine (``tests/test_v033_stateful.py``).
 
 It imports neither vLLM nor kvpool: the pools, the event classes, the request
-hasher and the LoRA class are handed in. The first ``Side`` is the reference;
-every operation is chosen from the reference's state so that it is *valid*
-(vLLM 0.33.0 would not assert on it, kvpool would not refuse it: see SPEC
-section 6), then applied to every side with the same block ids, and the
-results and the complete observable state of every side are compared after
-every step. The first difference raises ``Mismatch`` naming the step, the
-operation and both states.
+hasher and the LoRA class are handed in. What the release under test has is
+read off its own classes (``Features.detect``: signatures, attributes,
+``KVCacheBlock`` fields, event struct fields), and each operation is used only
+where the release has it; without a ``Features`` the driver drives the newest
+API (vLLM 0.33.0). The first ``Side`` is the reference; every operation is
+chosen from the reference's state so that it is *valid* (the release would
+not assert on it, kvpool would not refuse it: see SPEC section 6), then
+applied to every side with the same block ids, and the results and the
+complete observable state of every side are compared after every step. The
+first difference raises ``Mismatch`` naming the step, the operation and both
+states.
 
-The operations are driven the way vLLM 0.33's managers drive the pool:
+The operations are driven the way vLLM's managers drive the pool:
 requests with chained block hashes, shared prefixes, LoRA / cache_salt /
 multimodal features / session ids, prefix hits (``get_cached_block`` per
 hash, ``touch``, ``emit_cached_block_events``), ``get_new_blocks``,
 ``cache_full_blocks`` (with and without ``block_mask``), partial entries and
 partial->full promotions, ``move_block_hashes`` (copy-on-write),
 ``block.ref_cnt += 1`` from outside, ``free_blocks`` of a request's blocks in
-reverse (per group or deferred in one call, null blocks included),
-``unpin_blocks`` with reuse watchers, sliding windows, ``evict_blocks``,
-``_maybe_evict_cached_block``, ``reset_prefix_cache``, the offload
-connector's ``iter_blocks_after`` / ``_insert_block_hash`` /
-``kv_event_queue.append``, direct free-queue operations, and frees that mix in
-blocks of another pool (in both directions).
+reverse (per group or deferred in one call, null blocks included, to the
+front with ``prepend=``), ``unpin_blocks`` with reuse watchers, sliding
+windows, ``evict_blocks``, ``_maybe_evict_cached_block``,
+``reset_prefix_cache``, the offload connector's ``iter_blocks_after`` /
+``_insert_block_hash`` / ``kv_event_queue.append``, direct free-queue
+operations, and frees that mix in blocks of another pool (in both
+directions).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
+import inspect
 import itertools
 import random
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -49,6 +58,104 @@ class Mismatch(AssertionError):
 
 class HarnessError(AssertionError):
     """The reference refused an operation: the generator made an invalid one."""
+
+
+# ---------------------------------------------------------------------------
+# What the release under test has
+
+
+# The event fields of vLLM 0.33.0 (the newest API).
+_STORED_033 = (
+    "block_hashes parent_block_hash token_ids block_size lora_id medium lora_name extra_keys "
+    "group_idx kv_cache_spec_kind kv_cache_spec_sliding_window locality ownership session_id "
+    "lookahead_token_ids"
+).split()
+
+
+@dataclass(frozen=True)
+class Features:
+    """The pool API of one vLLM release, as the driver uses it. ``detect``
+    reads it off the release's own classes; the defaults are vLLM 0.33.0's."""
+
+    # BlockPool.__init__'s parameters after self, in order (positional
+    # construction passes them all).
+    init_params: tuple[str, ...] = (
+        "num_gpu_blocks",
+        "enable_caching",
+        "hash_block_size",
+        "enable_kv_cache_events",
+        "metrics_collector",
+        "num_hash_lookahead_tokens",
+        "medium",
+    )
+    block_mask: bool = True  # cache_full_blocks(block_mask=)  (0.22+)
+    free_prepend: bool = False  # free_blocks(prepend=)  (0.23 only)
+    prepend_n: bool = True  # FreeKVCacheBlockQueue.prepend_n  (0.23+)
+    # cache_partial_block, set_block_hash, block_hash_num_tokens, several
+    # keys per block (cached_block_hashes_by_block), _insert_block_hash,
+    # BlockHashToBlockMap.contain, promotions  (0.24+)
+    partial: bool = True
+    replace_hashes: bool = True  # cache_partial_block(replace_existing_hashes=)  (0.30+)
+    emit_cached: bool = True  # emit_cached_block_events  (0.26+)
+    move_hashes: bool = True  # move_block_hashes  (0.26+)
+    iter_after: bool = True  # FreeKVCacheBlockQueue.iter_blocks_after  (0.26+)
+    writable: bool = True  # is_block_writable  (0.29+)
+    block_pool_attr: bool = True  # KVCacheBlock.pool: cross-pool frees  (0.30+)
+    unpin: bool = True  # unpin_blocks + reuse watchers  (0.30+)
+    stored_fields: tuple[str, ...] = tuple(_STORED_033)  # BlockStored's struct fields
+
+    @property
+    def medium(self) -> bool:  # the medium argument  (0.30+)
+        return "medium" in self.init_params
+
+    @property
+    def lookahead(self) -> bool:  # num_hash_lookahead_tokens  (0.33)
+        return "num_hash_lookahead_tokens" in self.init_params
+
+    @classmethod
+    def detect(cls, pool_cls: type, stored_cls: type) -> Features:
+        """The features of ``pool_cls`` (a release's own ``BlockPool``) and
+        ``stored_cls`` (its ``BlockStored``), from their signatures,
+        attributes and fields (a throw-away two-block pool shows the
+        instance attributes)."""
+
+        def params(fn: Any) -> list[str]:
+            return list(inspect.signature(fn).parameters)[1:]
+
+        pool = pool_cls(2, True, 1)
+        block, queue = pool.blocks[1], pool.free_block_queue
+        fields = (
+            [f.name for f in dataclasses.fields(block)] if dataclasses.is_dataclass(block) else []
+        )
+        return cls(
+            init_params=tuple(params(pool_cls.__init__)),
+            block_mask="block_mask" in params(pool_cls.cache_full_blocks),
+            free_prepend="prepend" in params(pool_cls.free_blocks),
+            prepend_n=hasattr(queue, "prepend_n"),
+            partial=hasattr(pool, "cache_partial_block")
+            and hasattr(pool, "cached_block_hashes_by_block")
+            and hasattr(block, "set_block_hash")
+            and "_block_hash_num_tokens" in fields,
+            replace_hashes=hasattr(pool, "cache_partial_block")
+            and "replace_existing_hashes" in params(pool_cls.cache_partial_block),
+            emit_cached=hasattr(pool, "emit_cached_block_events"),
+            move_hashes=hasattr(pool, "move_block_hashes"),
+            iter_after=hasattr(queue, "iter_blocks_after"),
+            writable=hasattr(pool, "is_block_writable"),
+            block_pool_attr="pool" in fields,
+            unpin=hasattr(pool, "unpin_blocks"),
+            stored_fields=tuple(stored_cls.__struct_fields__),
+        )
+
+    def describe(self) -> str:
+        """One line: the optional features present."""
+        flags = [f.name for f in dataclasses.fields(self) if f.type == "bool" and getattr(self, f.name)]
+        flags += [p for p in ("medium", "lookahead") if getattr(self, p)]
+        extra = [f for f in self.stored_fields if f not in _STORED_033[:7]]
+        return f"{', '.join(flags) or 'base API'}; BlockStored +{extra}"
+
+
+LATEST = Features()
 
 
 # ---------------------------------------------------------------------------
@@ -72,7 +179,9 @@ class Config:
     positional: bool = False  # constructor arguments by position, not keyword
 
     @classmethod
-    def random(cls, r: Any) -> Config:
+    def random(cls, r: Any, features: Features = LATEST) -> Config:
+        """A random configuration (the same draws for every release; what
+        the release lacks is then left at its default)."""
         hbs = r.choice((1, 2, 2, 4))
         layouts = [
             (hbs,),
@@ -82,7 +191,7 @@ class Config:
             (3 * hbs, 3 * hbs),
         ]
         sizes = r.choice(layouts)
-        return cls(
+        cfg = cls(
             num_blocks=r.randint(4, 16) * len(sizes) + 2 if r.random() < 0.95 else r.randint(1, 3),
             enable_caching=r.random() < 0.85,
             hash_block_size=hbs,
@@ -97,21 +206,32 @@ class Config:
             foreign_blocks=r.randint(2, 8),
             positional=r.random() < 0.2,
         )
+        return dataclasses.replace(
+            cfg,
+            lookahead=cfg.lookahead if features.lookahead else 0,
+            medium=cfg.medium if features.medium else "GPU",
+        )
 
-    def pool_args(self, collector: Any) -> tuple[tuple, dict]:
+    def pool_args(self, collector: Any, features: Features = LATEST) -> tuple[tuple, dict]:
         """Positional and keyword constructor arguments: as vLLM's
         ``KVCacheCoordinator`` passes them (keywords, the medium only when it
-        is not the default), or all seven by position."""
-        kwargs: dict[str, Any] = dict(
+        is not the default), or every parameter the release has, by
+        position."""
+        values: dict[str, Any] = dict(
             num_gpu_blocks=self.num_blocks,
             enable_caching=self.enable_caching,
             hash_block_size=self.hash_block_size,
             enable_kv_cache_events=self.events,
             metrics_collector=collector,
             num_hash_lookahead_tokens=self.lookahead,
+            medium=self.medium,
         )
+        unknown = set(features.init_params) - set(values)
+        if unknown:
+            raise HarnessError(f"BlockPool.__init__ has parameters the driver does not know: {unknown}")
         if self.positional:
-            return (*kwargs.values(), self.medium), {}
+            return tuple(values[n] for n in features.init_params), {}
+        kwargs = {n: values[n] for n in features.init_params if n != "medium"}
         if self.medium != "GPU":
             kwargs["medium"] = self.medium
         return (), kwargs
@@ -235,6 +355,15 @@ def _short(value: Any, limit: int = 1500) -> str:
 # State
 
 
+def _map_ids(hash_map: Any, key: bytes) -> set[int]:
+    """The ids of the blocks the map holds under ``key`` (from its ``_cache``:
+    a block or a dict by id, in every release)."""
+    value = hash_map._cache.get(key)
+    if value is None:
+        return set()
+    return set(value) if isinstance(value, dict) else {value.block_id}
+
+
 def _map_state(pool: Any) -> dict[str, Any]:
     hash_map = pool.cached_block_hash_to_block
     entries = {}
@@ -245,26 +374,44 @@ def _map_state(pool: Any) -> dict[str, Any]:
     return {"len": len(hash_map), "entries": entries}
 
 
-def block_fields(b: Any, pool: Any) -> tuple:
-    """A block's fields, its neighbours as ids, its pool as "self" (``pool``),
-    "other" or None."""
-    return (
-        b.block_id,
-        b.ref_cnt,
-        b.is_null,
-        b.block_hash,
-        b.block_hash_num_tokens,
-        b._block_hash,
-        b._block_hash_num_tokens,
-        _id(b.prev_free_block),
-        _id(b.next_free_block),
-        "self" if b.pool is pool and pool is not None else (None if b.pool is None else "other"),
-    )
+def block_field_names(features: Features = LATEST) -> list[str]:
+    """The names of ``block_fields``' entries."""
+    names = ["block_id", "ref_cnt", "is_null", "block_hash"]
+    if features.partial:
+        names.append("block_hash_num_tokens")
+    names.append("_block_hash")
+    if features.partial:
+        names.append("_block_hash_num_tokens")
+    names += ["prev", "next"]
+    if features.block_pool_attr:
+        names.append("pool")
+    return names
 
 
-def pool_state(pool: Any, collector: Any = None) -> dict[str, Any]:
-    """Everything observable of a 0.33 pool (the event queue as its length:
-    the events themselves are compared when taken)."""
+def block_fields(b: Any, pool: Any, features: Features = LATEST) -> tuple:
+    """A block's fields (those of the release), its neighbours as ids, its
+    pool as "self" (``pool``), "other" or None."""
+    out = [b.block_id, b.ref_cnt, b.is_null, b.block_hash]
+    if features.partial:
+        out.append(b.block_hash_num_tokens)
+    out.append(b._block_hash)
+    if features.partial:
+        out.append(b._block_hash_num_tokens)
+    out += [_id(b.prev_free_block), _id(b.next_free_block)]
+    if features.block_pool_attr:
+        out.append(
+            "self" if b.pool is pool and pool is not None else (None if b.pool is None else "other")
+        )
+    return tuple(out)
+
+
+def pool_state(
+    pool: Any, collector: Any = None, features: Features = LATEST, null_ref_cnt: bool = True
+) -> dict[str, Any]:
+    """Everything observable of a pool of the release (the event queue as
+    its length: the events themselves are compared when taken). Without
+    ``null_ref_cnt`` the null block's ``ref_cnt`` is left out (a pool that
+    does not maintain it, by design)."""
     blocks = pool.blocks
     queue = pool.free_block_queue
     head, tail = queue.fake_free_list_head, queue.fake_free_list_tail
@@ -274,12 +421,12 @@ def pool_state(pool: Any, collector: Any = None) -> dict[str, Any]:
             pool.enable_caching,
             pool.hash_block_size,
             pool.enable_kv_cache_events,
-            pool.medium,
-            pool.num_hash_lookahead_tokens,
+            pool.medium if features.medium else None,
+            pool.num_hash_lookahead_tokens if features.lookahead else None,
             _id(pool.null_block),
             pool.metrics_collector is collector,
         ),
-        "blocks": [block_fields(b, pool) for b in blocks],
+        "blocks": [block_fields(b, pool, features) for b in blocks],
         "queue": _ids(queue.get_all_free_blocks()),
         "sentinels": (
             head.block_id,
@@ -292,17 +439,22 @@ def pool_state(pool: Any, collector: Any = None) -> dict[str, Any]:
         "num_free": (queue.num_free_blocks, pool.get_num_free_blocks()),
         "usage": (pool.get_usage(), type(pool.get_usage()).__name__),
         "map": _map_state(pool),
-        "hashes_by_block": (
+        "reprs": [repr(b) for b in blocks],
+        "event_queue": (type(pool.kv_event_queue).__name__, len(pool.kv_event_queue)),
+    }
+    if not null_ref_cnt:
+        state["blocks"][0] = (*state["blocks"][0][:1], "(not compared)", *state["blocks"][0][2:])
+        state["reprs"][0] = re.sub(r"ref_cnt=-?\d+", "ref_cnt=(not compared)", state["reprs"][0])
+    if features.partial:
+        state["hashes_by_block"] = (
             type(pool.cached_block_hashes_by_block).__name__,
             {
                 bid: (type(keys).__name__, sorted(keys))
                 for bid, keys in pool.cached_block_hashes_by_block.items()
             },
-        ),
-        "writable": [pool.is_block_writable(b) for b in blocks],
-        "reprs": [repr(b) for b in blocks],
-        "event_queue": (type(pool.kv_event_queue).__name__, len(pool.kv_event_queue)),
-    }
+        )
+    if features.writable:
+        state["writable"] = [pool.is_block_writable(b) for b in blocks]
     if collector is not None:
         state["metrics"] = (
             sorted(collector.block_metrics),
@@ -312,8 +464,8 @@ def pool_state(pool: Any, collector: Any = None) -> dict[str, Any]:
     return state
 
 
-def check_invariants(pool: Any) -> None:
-    """SPEC section 2 for the 0.33 line: ref_cnt == 0 iff in the free queue
+def check_invariants(pool: Any, features: Features = LATEST) -> None:
+    """SPEC section 2: ref_cnt == 0 iff in the free queue
     (non-null blocks), no block twice in the queue, num_free matches the queue,
     the links walk the queue, every hash key of a block is in the map under
     that block and every map entry points back."""
@@ -357,7 +509,7 @@ def check_invariants(pool: Any) -> None:
             fail(f"block {b.block_id} is outside the queue but linked")
 
     hash_map = pool.cached_block_hash_to_block
-    by_block = pool.cached_block_hashes_by_block
+    by_block = pool.cached_block_hashes_by_block if features.partial else {}
     expected: dict[bytes, set[int]] = {}
     for b in blocks:
         extra = by_block.get(b.block_id, set())
@@ -368,7 +520,7 @@ def check_invariants(pool: Any) -> None:
         if b.is_null:
             fail("the null block carries a hash")
         for k in [b.block_hash, *extra]:
-            if not hash_map.contain(k, b.block_id):
+            if b.block_id not in _map_ids(hash_map, k):
                 fail(f"block {b.block_id}'s key {k!r} is not in the map under it")
             expected.setdefault(k, set()).add(b.block_id)
     for bid in by_block:
@@ -392,8 +544,10 @@ def check_invariants(pool: Any) -> None:
 # The driver
 
 
-def _lcm_view(hashes: Sequence[bytes], scale: int) -> list[bytes]:
-    """vLLM 0.33's BlockHashListWithBlockSize: the last sub-hash of each block."""
+def lcm_view(hashes: Sequence[bytes], hash_block_size: int, block_size: int) -> list[bytes]:
+    """vLLM 0.24+'s BlockHashListWithBlockSize: the last sub-hash of each
+    block of ``block_size`` tokens."""
+    scale = block_size // hash_block_size
     return [hashes[(i + 1) * scale - 1] for i in range(len(hashes) // scale)]
 
 
@@ -404,6 +558,10 @@ class Driver:
     ``hash_block_size`` (covering ``num_hash_lookahead_tokens``); ``make_lora``
     and ``make_mm`` build the LoRA request and multimodal features.
     ``check_invariants_on`` names the sides whose invariants are checked.
+    ``null_ref_cnt=False`` leaves the null block's ``ref_cnt`` out of the
+    comparison. ``features`` is the release's API (default: 0.33.0's); ``hash_view(hashes,
+    hash_block_size, block_size)`` the release's hashes of a coarser group
+    (``BlockHashListWithBlockSize``).
     """
 
     OPS: dict[str, int] = {
@@ -434,6 +592,15 @@ class Driver:
         "cow_retained": 2,
         "swap_event_queue": 1,
     }
+    # The feature each operation needs (the others run on every release).
+    NEEDS: dict[str, str] = {
+        "cache_partial": "partial",
+        "insert_hash": "partial",
+        "finish_unpin": "unpin",
+        "emit_cached": "emit_cached",
+        "move_hashes": "move_hashes",
+        "iter_after": "iter_after",
+    }
 
     def __init__(
         self,
@@ -446,8 +613,22 @@ class Driver:
         label: str = "",
         check_invariants_on: Sequence[str] = (),
         repeats: bool = False,
+        features: Features = LATEST,
+        hash_view: Callable[[Sequence[bytes], int, int], Sequence[bytes]] = lcm_view,
+        null_ref_cnt: bool = True,
     ) -> None:
         self.cfg = cfg
+        self.features = features
+        self.hash_view = hash_view
+        # False: the null block's ref_cnt is not compared (a known deviation).
+        self.null_ref_cnt = null_ref_cnt
+        #: The operations of the release and their weights.
+        self.ops = {
+            name: weight
+            for name, weight in self.OPS.items()
+            if name not in self.NEEDS or getattr(features, self.NEEDS[name])
+        }
+        self.r: Any = random.Random(0)  # the generator of the current step
         self.sides = sides
         self.hasher = hasher
         self.make_lora = make_lora
@@ -532,8 +713,8 @@ class Driver:
         return [side.pool.blocks[i] for i in ids]
 
     def run(self, r: Any, steps: int) -> None:
-        names = list(self.OPS)
-        weights = [self.OPS[n] for n in names]
+        names = list(self.ops)
+        weights = [self.ops[n] for n in names]
         for _ in range(steps):
             for _attempt in range(20):
                 name = r.choices(names, weights)[0]
@@ -544,6 +725,7 @@ class Driver:
         """One operation (if it applies now), then the comparison."""
         self.step += 1
         self.op = ""
+        self.r = r
         try:
             applied = getattr(self, f"op_{name}")(r)
         except _Raised:
@@ -577,21 +759,21 @@ class Driver:
         for side in self.sides:
             if side.label in self.check_invariants_on:
                 try:
-                    check_invariants(side.pool)
+                    check_invariants(side.pool, self.features)
                 except AssertionError as exc:
                     raise Mismatch(f"{side.label}: {exc}\n{self.context()}") from None
-            state = pool_state(side.pool, side.collector)
+            state = pool_state(side.pool, side.collector, self.features, self.null_ref_cnt)
             # Queued events are compared as soon as they are queued.
             state["queued_events"] = _canonical_events(list(side.pool.kv_event_queue), segments)
             state["watchers"] = list(side.watcher_log)
-            state["foreign"] = pool_state(side.foreign)
+            state["foreign"] = pool_state(side.foreign, None, self.features, self.null_ref_cnt)
             states.append(state)
         want = states[0]
         for side, have in zip(self.sides[1:], states[1:]):
             if have != want:
                 raise Mismatch(
                     f"state after the step: {side.label} differs from {self.sides[0].label}\n"
-                    f"{_state_diff(want, have)}\n{self.context()}\n"
+                    f"{_state_diff(want, have, self.features)}\n{self.context()}\n"
                     f"  expected state: {_short(want, 6000)}\n  got state:      {_short(have, 6000)}"
                 )
 
@@ -627,7 +809,9 @@ class Driver:
             ]
 
         target = "foreign.free_blocks" if via_foreign else "free_blocks"
-        shown = f"{target}({'iter' if iterator else 'list'} {ids})"
+        # 0.23's free_blocks(prepend=True): freed blocks to the front.
+        prepend = self.features.free_prepend and self.r.random() < 0.3
+        shown = f"{target}({'iter' if iterator else 'list'} {ids}{', prepend=True' if prepend else ''})"
         self.note(shown)
 
         def call(side: Side) -> None:
@@ -635,7 +819,11 @@ class Driver:
             pool = side.foreign if via_foreign else side.pool
             # vLLM frees a request's blocks as ``reversed(table)``: a one-shot
             # list_reverseiterator.
-            pool.free_blocks(reversed(blocks[::-1]) if iterator else blocks)
+            arg = reversed(blocks[::-1]) if iterator else blocks
+            if prepend:
+                pool.free_blocks(arg, prepend=True)
+            else:
+                pool.free_blocks(arg)
 
         self.each(shown, call)
 
@@ -712,7 +900,7 @@ class Driver:
         return req
 
     def _view(self, req: FakeRequest, bs: int) -> list[bytes]:
-        return _lcm_view(req.block_hashes, bs // self.cfg.hash_block_size)
+        return list(self.hash_view(req.block_hashes, self.cfg.hash_block_size, bs))
 
     def _lookup_hit(self, req: FakeRequest, bs: int, gids: list[int]) -> list[list[int]]:
         """The longest prefix hit of `req` in groups `gids`, hash by hash, as
@@ -754,7 +942,7 @@ class Driver:
                 blocks[g] = list(hit)
                 cached[g] = len(hit)
                 done.append(g)
-                if hit and r.random() < 0.7:
+                if self.features.emit_cached and hit and r.random() < 0.7:
                     self._emit_cached(req, len(hit), bs, g)
                 need = -(-req.num_prompt_tokens // bs) - len(hit)
                 try:
@@ -826,7 +1014,7 @@ class Driver:
         stop = min(num_full, start + r.randint(1, 3) if upto is None else upto)
         bs = self.cfg.group_block_sizes[g]
         mask = None
-        if r.random() < 0.3 or self.cfg.sliding[g] and r.random() < 0.5:
+        if self.features.block_mask and (r.random() < 0.3 or self.cfg.sliding[g] and r.random() < 0.5):
             mask = [r.random() < 0.6 for _ in range(stop - start)]
         ids = q.blocks[g]
         for i in range(start, stop):
@@ -834,7 +1022,9 @@ class Driver:
             if b.is_null or (mask is not None and not mask[i - start]):
                 continue
             if b.block_hash is not None and not (
-                b.block_hash_num_tokens is not None and b.block_hash_num_tokens < (i + 1) * bs
+                self.features.partial
+                and b.block_hash_num_tokens is not None
+                and b.block_hash_num_tokens < (i + 1) * bs
             ):
                 return False  # not a promotion: vLLM would assert
         fake = q.fake
@@ -843,7 +1033,7 @@ class Driver:
             + (f", block_mask={mask})" if mask is not None else ")")
         )
         self.note(shown)
-        if mask is None and r.random() < 0.5:
+        if mask is None and (not self.features.block_mask or r.random() < 0.5):
             fn = lambda s: s.pool.cache_full_blocks(fake, self.blocks(s, ids), start, stop, bs, g)  # noqa: E731
         else:
             fn = lambda s: s.pool.cache_full_blocks(  # noqa: E731
@@ -880,14 +1070,14 @@ class Driver:
         # Mostly in the part not cached yet: a later cache_full_blocks promotes it.
         num_tokens = r.choice(ahead if ahead and r.random() < 0.7 else bounds)
         bid = q.blocks[g][num_tokens // bs]
-        replace = r.random() < 0.2
+        replace = r.random() < 0.2 and self.features.replace_hashes
         fake = q.fake
         shown = (
             f"cache_partial_block({fake.request_id}, block {bid}, {num_tokens}, {g}, {bs}"
             + (", replace_existing_hashes=True)" if replace else ")")
         )
         self.note(shown)
-        if replace or r.random() < 0.5:
+        if replace or self.features.replace_hashes and r.random() < 0.5:
             fn = lambda s: s.pool.cache_partial_block(  # noqa: E731
                 fake, s.pool.blocks[bid], num_tokens, g, bs, replace_existing_hashes=replace
             )
@@ -919,7 +1109,7 @@ class Driver:
             # A deferred free: one call over every group, maybe with blocks of
             # the other pool mixed in.
             ids: list[Any] = list(reversed(together))
-            if self.foreign_holders and r.random() < 0.5:
+            if self.features.block_pool_attr and self.foreign_holders and r.random() < 0.5:
                 held = self.foreign_holders.pop(r.randrange(len(self.foreign_holders)))
                 for fid in held:
                     ids.insert(r.randint(0, len(ids)), ("f", fid))
@@ -1002,12 +1192,15 @@ class Driver:
 
     def op_drain_and_reset(self, r: Any) -> bool:
         while self.requests:
-            self._release_request(self.requests.pop(), r, unpin=r.random() < 0.3)
+            self._release_request(self.requests.pop(), r, unpin=r.random() < 0.3 and self.features.unpin)
         while self.holders:
             self._release_holder(self.holders.pop(), r)
         while self.foreign_holders:
             held = self.foreign_holders.pop()
-            self.free_call([("f", i) for i in held], iterator=False)
+            # Through this pool (it hands them on) where blocks know their pool.
+            self.free_call(
+                [("f", i) for i in held], iterator=False, via_foreign=not self.features.block_pool_attr
+            )
         if self.private:
             raise HarnessError(f"held blocks left after the drain: {self.private}")
         self.note("reset_prefix_cache()")
@@ -1042,10 +1235,11 @@ class Driver:
                 _id,
             )
             i = r.randrange(cfg.num_blocks)
-            self.each(
-                f"cached_block_hash_to_block.contain(key, {i})",
-                lambda s: s.pool.cached_block_hash_to_block.contain(key, i),
-            )
+            if self.features.partial:
+                self.each(
+                    f"cached_block_hash_to_block.contain(key, {i})",
+                    lambda s: s.pool.cached_block_hash_to_block.contain(key, i),
+                )
         return True
 
     # -- extra references ----------------------------------------------------
@@ -1086,9 +1280,9 @@ class Driver:
     def _release_holder(self, ids: list[int], r: Any) -> None:
         self.private.difference_update(ids)
         how = r.random()
-        if how < 0.25:
+        if how < 0.25 and self.features.unpin:
             self._unpin(list(ids))
-        elif how < 0.4:
+        elif 0.25 <= how < 0.4 and self.features.block_pool_attr:
             # Through the other pool: it must hand our blocks back to us.
             mixed: list[Any] = list(ids)
             if self.foreign_holders:
@@ -1163,22 +1357,21 @@ class Driver:
                 lambda s: s.pool._insert_block_hash(key, s.pool.blocks[dst], num_tokens=num_tokens),
             )
             if self.cfg.events:
-                group = int.from_bytes(key[-4:], "big")
+                fields = dict(
+                    block_hashes=[int.from_bytes(key[:-4], "big") & (2**64 - 1)],
+                    parent_block_hash=None,
+                    token_ids=[],
+                    block_size=0,
+                    lora_id=None,
+                    medium=self.cfg.medium,
+                    lora_name=None,
+                    group_idx=int.from_bytes(key[-4:], "big"),
+                )
+                stored = {k: v for k, v in fields.items() if k in self.features.stored_fields}
                 self.note("kv_event_queue.append(BlockStored(...))")
                 self.each(
                     "kv_event_queue.append",
-                    lambda s: s.pool.kv_event_queue.append(
-                        s.stored_cls(
-                            block_hashes=[int.from_bytes(key[:-4], "big") & (2**64 - 1)],
-                            parent_block_hash=None,
-                            token_ids=[],
-                            block_size=0,
-                            lora_id=None,
-                            medium=self.cfg.medium,
-                            lora_name=None,
-                            group_idx=group,
-                        )
-                    ),
+                    lambda s: s.pool.kv_event_queue.append(s.stored_cls(**stored)),
                 )
         return True
 
@@ -1215,7 +1408,7 @@ class Driver:
             self.each(f"remove({i})", lambda s: s.pool.free_block_queue.remove(s.pool.blocks[i]))
             ids = [i]
         r.shuffle(ids)
-        back = r.choice(("append", "append_n", "prepend_n"))
+        back = r.choice(("append", "append_n", "prepend_n") if self.features.prepend_n else ("append", "append_n"))
         if back == "append":
             for i in ids:
                 self.note(f"free_block_queue.append(block {i})")
@@ -1257,6 +1450,12 @@ class Driver:
             return False
         held = self.foreign_holders.pop(r.randrange(len(self.foreign_holders)))
         mixed: list[Any] = [("f", i) for i in held]
+        if not self.features.block_pool_attr:
+            # Before KVCacheBlock.pool a block is freed only to its own pool.
+            if r.random() < 0.2:
+                mixed.insert(r.randint(0, len(mixed)), ("f", 0))
+            self.free_call(mixed, iterator=r.random() < 0.5, via_foreign=True)
+            return True
         if self.holders and r.random() < 0.6:
             ids = self.holders.pop(r.randrange(len(self.holders)))
             self.private.difference_update(ids)
@@ -1356,17 +1555,14 @@ def _decoded(encoded: bytes | None) -> str:
     return "(none)" if encoded is None else _short(msgspec.msgpack.decode(encoded), 600)
 
 
-def _state_diff(want: dict[str, Any], have: dict[str, Any]) -> str:
+def _state_diff(want: dict[str, Any], have: dict[str, Any], features: Features = LATEST) -> str:
     lines = []
     for key in want:
         a, b = want[key], have.get(key)
         if a == b:
             continue
         if key == "blocks":
-            names = (
-                "block_id ref_cnt is_null block_hash block_hash_num_tokens _block_hash "
-                "_block_hash_num_tokens prev next pool"
-            ).split()
+            names = block_field_names(features)
             for x, y in zip(a, b):
                 if x != y:
                     fields = [f"{n}: {u!r} != {v!r}" for n, u, v in zip(names, x, y) if u != v]
@@ -1399,7 +1595,7 @@ def _state_diff(want: dict[str, Any], have: dict[str, Any]) -> str:
                     lines.append(f"  first differing call #{i}:\n    expected: {x}\n    got:      {y}")
                     break
         elif key == "foreign":
-            lines.append("  the other pool differs:\n  " + _state_diff(a, b).replace("\n", "\n  "))
+            lines.append("  the other pool differs:\n  " + _state_diff(a, b, features).replace("\n", "\n  "))
         else:
             lines.append(f"  {key}: expected {_short(a)}, got {_short(b)}")
     return "\n".join(lines)
