@@ -2097,10 +2097,12 @@ cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t strid
     cdef _Store st = pool.st
     cdef Py_ssize_t j, i, done = 0
     cdef bint count_null = pool._count_null
-    # Which released blocks go in front: those without a hash (`by_hash`) or,
-    # with caching off and not by hash, all of them or none.
+    # Released blocks go in front if they have no hash or, unless ordered
+    # `by_hash` (caching on, or rule "by_hash"), all of them; rule "back"
+    # then links that run at the tail instead (outside the loop, which keeps
+    # its one compare).
     cdef bint by_hash = pool._caching or pool._free_off == _FREE_OFF_BY_HASH
-    cdef bint all_first = pool._free_off == _FREE_OFF_FRONT
+    cdef bint first_to_back = not by_hash and pool._free_off == _FREE_OFF_BACK
     cdef int32_t head = <int32_t> st.n, tail = <int32_t> (st.n + 1)
     cdef int32_t f_first = -1, f_last = -1, l_first = -1, l_last = -1, p
     cdef Py_ssize_t nfirst = 0, nlast = 0
@@ -2156,7 +2158,7 @@ cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t strid
         i = _index_in_or_none(st, <object> items[j * stride])
         if i < 0 or st.flags[i] & _NULL or st.ref_cnt[i] != 0 or st.prev[i] >= 0:
             continue
-        if (st.hash[i] == NULL) if by_hash else all_first:
+        if st.hash[i] == NULL or not by_hash:
             if nfirst:
                 st.prev[f_first] = <int32_t> i
                 st.next[i] = f_first
@@ -2180,7 +2182,13 @@ cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t strid
         st.prev[l_first] = p
         st.next[l_last] = tail
         st.prev[tail] = l_last
-    if nfirst:
+    if nfirst and first_to_back:
+        p = st.prev[tail]
+        st.next[p] = f_first
+        st.prev[f_first] = p
+        st.next[f_last] = tail
+        st.prev[tail] = f_last
+    elif nfirst:
         p = st.next[head]
         st.next[head] = f_first
         st.prev[f_first] = head

@@ -1267,11 +1267,12 @@ class PoolCore:
                 f"free_blocks(): double free of block {bad._block_id} (ref_cnt is 0, or "
                 "more appearances than references)"
             )
-        # Which released blocks go in front: those without a hash (`by_hash`)
-        # or, with caching off and not by hash, all of them or none.
+        # Released blocks go in front if they have no hash or, unless ordered
+        # `by_hash` (caching on, or rule "by_hash"), all of them; rule "back"
+        # then appends that run instead.
         off = self._free_off
         by_hash = bool(self.enable_caching) or off == _FREE_CACHING_OFF["by_hash"]
-        all_first = off == _FREE_CACHING_OFF["front"]
+        first_to_back = not by_hash and off == _FREE_CACHING_OFF["back"]
         first: list[KVCacheBlock] = []
         last: list[KVCacheBlock] = []
         seen: set[int] = set()
@@ -1281,12 +1282,14 @@ class PoolCore:
             # A block queued already (its ref_cnt written from outside) stays put.
             if block._ref_cnt == 0 and block._prev is tok and id(block) not in seen:
                 seen.add(id(block))
-                to_front = block._hash is None if by_hash else all_first
-                (first if to_front else last).append(block)
+                (first if block._hash is None or not by_hash else last).append(block)
         first.reverse()
         last.reverse()
         queue = self._queue
-        queue.prepend_n(first)
+        if first_to_back:
+            queue.append_n(first)  # `last` is empty
+        else:
+            queue.prepend_n(first)
         queue.append_n(last)
         for other, group in others.items():
             other.free_blocks(group)
