@@ -26,6 +26,9 @@ cdef class _Store:
     # records how many prefix tokens its hash covers (ntok, NULL otherwise).
     cdef bint v33
     cdef int64_t *ntok            # NTOK_NONE: None
+    # The 0.24-0.29 blocks of the 0.33-style store: handles are
+    # KVCacheBlock24 (no ``pool`` attribute).
+    cdef bint no_pool
     # The pool these blocks belong to (``block.pool``): borrowed for a
     # pool's store (the pool owns the store), owned for a private store.
     cdef PyObject *pool
@@ -48,6 +51,10 @@ cdef class KVCacheBlock:
 
 
 cdef class KVCacheBlock33(KVCacheBlock):
+    pass
+
+
+cdef class KVCacheBlock24(KVCacheBlock33):
     pass
 
 

@@ -35,6 +35,43 @@ class KVCacheBlock:
     @property
     def next_free_block(self) -> KVCacheBlock | None: ...
 
+class KVCacheBlock33(KVCacheBlock):
+    """A block of the 0.33-style store (vLLM 0.30 and later): plus the
+    number of prefix tokens its hash covers and the pool it belongs to."""
+
+    def __init__(
+        self,
+        block_id: int,
+        ref_cnt: int = 0,
+        _block_hash: bytes | None = None,
+        _block_hash_num_tokens: int | None = None,
+        prev_free_block: None = None,
+        next_free_block: None = None,
+        is_null: bool = False,
+        *,
+        pool: Any = None,
+    ) -> None: ...
+    @property
+    def block_hash_num_tokens(self) -> int | None: ...
+    @property
+    def pool(self) -> Any: ...
+    def set_block_hash(self, block_hash: bytes, num_tokens: int | None = None) -> None: ...
+
+class KVCacheBlock24(KVCacheBlock33):
+    """A block of vLLM 0.24-0.29: ``KVCacheBlock33`` without ``pool``
+    (reading it raises ``AttributeError``; no ``pool=`` argument)."""
+
+    def __init__(  # type: ignore[override]
+        self,
+        block_id: int,
+        ref_cnt: int = 0,
+        _block_hash: bytes | None = None,
+        _block_hash_num_tokens: int | None = None,
+        prev_free_block: None = None,
+        next_free_block: None = None,
+        is_null: bool = False,
+    ) -> None: ...
+
 class FreeKVCacheBlockQueue:
     """Free blocks in eviction order (least recently freed first), as a
     doubly linked list with O(1) removal from the middle."""
@@ -81,6 +118,9 @@ class PoolCore:
     #: caching is off: "front" (vLLM 0.28+), "back" (0.27.x) or "by_hash"
     #: (0.24-0.26: in front unless it has a hash).
     _kvpool_free_caching_off: ClassVar[str]
+    #: 0.33-style store: blocks are ``KVCacheBlock33`` (True, vLLM 0.30+)
+    #: or ``KVCacheBlock24`` without ``pool`` (False, vLLM 0.24-0.29).
+    _kvpool_block_pool: ClassVar[bool]
 
     def __init__(self, num_gpu_blocks: int, *args: Any, **kwargs: Any) -> None: ...
     @property

@@ -153,7 +153,9 @@ cdef class _Store:
         for i in range(first, first + count):
             if self.objs[i] != NULL:
                 continue
-            if self.v33:
+            if self.no_pool:
+                b = KVCacheBlock24.__new__(KVCacheBlock24)
+            elif self.v33:
                 b = KVCacheBlock33.__new__(KVCacheBlock33)
             else:
                 b = KVCacheBlock.__new__(KVCacheBlock)
@@ -255,10 +257,10 @@ cdef Py_ssize_t _adopt(_Store st, object o) except -2:
         return -1
     if old.pool != NULL and <object> old.pool is not _store_pool(st):
         return -1  # made for another pool: that pool's, not ours
-    if (type(b) is KVCacheBlock33) != st.v33:
+    if _block_kind(type(b)) != _store_kind(st):
         raise TypeError(
-            f"block {b._bid} is of the vLLM {'0.33' if type(b) is KVCacheBlock33 else '0.15'} "
-            f"line; this pool or queue is of the {'0.33' if st.v33 else '0.15'} line"
+            f"block {b._bid} is a {_block_kind(type(b))} block; this pool or queue holds "
+            f"{_store_kind(st)} blocks"
         )
     i = st.add_slot()
     st.ref_cnt[i] = old.ref_cnt[0]
@@ -283,10 +285,11 @@ cdef int _give_private_store(KVCacheBlock b, int32_t ref_cnt, uint8_t flags,
     store takes over the reference ``owned_hash``, which may be NULL)."""
     cdef _Store mine
     try:
-        mine = _Store(1, True, type(b) is KVCacheBlock33)
+        mine = _Store(1, True, isinstance(b, KVCacheBlock33))
     except BaseException:
         Py_XDECREF(owned_hash)
         raise
+    mine.no_pool = type(b) is KVCacheBlock24
     mine.ref_cnt[0] = ref_cnt
     mine.flags[0] = flags
     mine.hash[0] = owned_hash
@@ -368,8 +371,17 @@ cdef inline Py_ssize_t _index_in(_Store st, object o) except -1:
 
 
 cdef inline bint _is_block(object o) noexcept:
-    """Exactly one of the two handle classes (two pointer compares)."""
-    return type(o) is KVCacheBlock or type(o) is KVCacheBlock33
+    """Exactly one of the handle classes (pointer compares)."""
+    return type(o) is KVCacheBlock or type(o) is KVCacheBlock33 or type(o) is KVCacheBlock24
+
+
+cdef str _block_kind(object cls):
+    """The line a handle class belongs to, in messages."""
+    return "0.24-0.29" if cls is KVCacheBlock24 else ("0.33" if cls is KVCacheBlock33 else "0.15")
+
+
+cdef str _store_kind(_Store st):
+    return "0.24-0.29" if st.no_pool else ("0.33" if st.v33 else "0.15")
 
 
 cdef inline _Store _live_store(KVCacheBlock b):
@@ -487,7 +499,6 @@ cdef class KVCacheBlock:
         raise TypeError("KVCacheBlock cannot be pickled: it is a view of its pool")
 
 
-@cython.final
 @cython.no_gc
 cdef class KVCacheBlock33(KVCacheBlock):
     """A block of the vLLM 0.33 line (``kvpool.v0_33.KVCacheBlock``).
@@ -549,6 +560,32 @@ cdef class KVCacheBlock33(KVCacheBlock):
 
     def __repr__(self):
         return _block_repr(self, f"_block_hash_num_tokens={self.block_hash_num_tokens}, ")
+
+
+@cython.final
+@cython.no_gc
+cdef class KVCacheBlock24(KVCacheBlock33):
+    """A block of vLLM 0.24-0.29: ``KVCacheBlock33`` without ``pool`` (the
+    field and the constructor argument came in 0.30). The pool a block
+    belongs to is still known to the core (cross-pool frees), just not
+    shown."""
+
+    def __init__(
+        self,
+        block_id,
+        ref_cnt=0,
+        _block_hash=None,
+        _block_hash_num_tokens=None,
+        prev_free_block=None,
+        next_free_block=None,
+        is_null=False,
+    ):
+        _init_standalone(self, block_id, ref_cnt, _block_hash, prev_free_block,
+                         next_free_block, is_null, _check_ntok(_block_hash_num_tokens), None)
+
+    @property
+    def pool(self):
+        raise AttributeError("'KVCacheBlock' object has no attribute 'pool'")
 
 
 cdef int _init_standalone(KVCacheBlock self, object block_id, object ref_cnt,
@@ -663,7 +700,7 @@ cdef class FreeKVCacheBlockQueue:
             if not _is_block(o):
                 raise TypeError(f"expected a KVCacheBlock, got {type(o).__name__}")
             if type(o) is not cls:
-                raise TypeError("blocks of the 0.15 and the 0.33 line cannot share a queue")
+                raise TypeError("blocks of different vLLM lines cannot share a queue")
             b = <KVCacheBlock> o
             if b._st == NULL:
                 raise RuntimeError("KVCacheBlock was not initialised")
@@ -672,7 +709,8 @@ cdef class FreeKVCacheBlockQueue:
             if id(b) in seen:
                 raise ValueError(f"block {b._bid} appears twice")
             seen.add(id(b))
-        st = _Store(n, False, cls is KVCacheBlock33)
+        st = _Store(n, False, cls is KVCacheBlock33 or cls is KVCacheBlock24)
+        st.no_pool = cls is KVCacheBlock24
         st.owned = True
         # Blocks made with pool=P (vLLM builds a pool's queue from its
         # blocks this way) keep P as their pool: weakly, as the pool owns
@@ -1364,6 +1402,10 @@ cdef class PoolCore:
     #: looked at; in front unless the block has a hash). With caching on,
     #: a block goes in front iff it has no hash, in every line.
     _kvpool_free_caching_off = "front"
+    #: With the 0.33-style store: True, blocks show their pool (``pool``
+    #: field and argument, vLLM 0.30 and later: ``KVCacheBlock33``); False,
+    #: they do not (vLLM 0.24-0.29: ``KVCacheBlock24``).
+    _kvpool_block_pool = True
 
     def __cinit__(self, num_gpu_blocks, *args, **kwargs):
         cdef Py_ssize_t n, i
@@ -1378,6 +1420,7 @@ cdef class PoolCore:
         n = num_gpu_blocks
         cls = type(self)
         st = _Store(n, False, cls._kvpool_line == 33)
+        st.no_pool = st.v33 and not cls._kvpool_block_pool
         self._count_null = bool(cls._kvpool_counts_null)
         self._free_off = _free_caching_off_rule(cls)
         st.owned = True

@@ -40,6 +40,7 @@ from ._rules import free_caching_off_rule as _free_caching_off_rule
 __all__ = [
     "KVCacheBlock",
     "KVCacheBlock33",
+    "KVCacheBlock24",
     "FreeKVCacheBlockQueue",
     "BlockHashToBlockMap",
     "PoolCore",
@@ -286,6 +287,31 @@ class KVCacheBlock33(KVCacheBlock):
         )
 
 
+class KVCacheBlock24(KVCacheBlock33):
+    """A block of vLLM 0.24-0.29: ``KVCacheBlock33`` without ``pool`` (the
+    field and the constructor argument came in 0.30). The core still knows
+    a block's pool (``_pool``, for cross-pool frees); it is just not shown."""
+
+    def __init__(
+        self,
+        block_id: int,
+        ref_cnt: int = 0,
+        _block_hash: bytes | None = None,
+        _block_hash_num_tokens: int | None = None,
+        prev_free_block: None = None,
+        next_free_block: None = None,
+        is_null: bool = False,
+    ) -> None:
+        super().__init__(
+            block_id, ref_cnt, _block_hash, _block_hash_num_tokens, prev_free_block,
+            next_free_block, is_null,
+        )
+
+    @property
+    def pool(self) -> Any:
+        raise AttributeError("'KVCacheBlock' object has no attribute 'pool'")
+
+
 def _make_sentinel(cls: type = KVCacheBlock) -> KVCacheBlock:
     block = cls(-1)
     block._owner = _SENTINEL
@@ -317,7 +343,7 @@ class FreeKVCacheBlockQueue:
                     f"FreeKVCacheBlockQueue: expected KVCacheBlocks, got {type(block).__name__}"
                 )
             if type(block) is not cls:
-                raise TypeError("blocks of the 0.15 and the 0.33 line cannot share a queue")
+                raise TypeError("blocks of different vLLM lines cannot share a queue")
             if block._owner is not None:
                 kind = "a free-queue sentinel" if block._owner is _SENTINEL else "already owned"
                 raise ValueError(f"FreeKVCacheBlockQueue: block {block._block_id} is {kind}")
@@ -678,6 +704,10 @@ class PoolCore:
     #: looked at; in front unless the block has a hash). With caching on,
     #: a block goes in front iff it has no hash, in every line.
     _kvpool_free_caching_off = "front"
+    #: With the 0.33-style store: True, blocks show their pool (``pool``
+    #: field and argument, vLLM 0.30 and later: ``KVCacheBlock33``); False,
+    #: they do not (vLLM 0.24-0.29: ``KVCacheBlock24``).
+    _kvpool_block_pool = True
 
     def __new__(cls, num_gpu_blocks: int, *args: Any, **kwargs: Any) -> PoolCore:
         if isinstance(num_gpu_blocks, bool) or not isinstance(num_gpu_blocks, int):
@@ -692,7 +722,8 @@ class PoolCore:
         if v33:
             # As vLLM 0.33, every block refers to its pool (a cycle the GC
             # collects; the compiled core keeps this reference borrowed).
-            queue, blocks = FreeKVCacheBlockQueue._for_pool(num_gpu_blocks, KVCacheBlock33, self)
+            block_cls = KVCacheBlock33 if cls._kvpool_block_pool else KVCacheBlock24
+            queue, blocks = FreeKVCacheBlockQueue._for_pool(num_gpu_blocks, block_cls, self)
         else:
             queue, blocks = FreeKVCacheBlockQueue._for_pool(num_gpu_blocks)
         self._v33 = v33
@@ -1234,7 +1265,10 @@ class PoolCore:
                     if not hasattr(block, "block_id"):
                         bad = block
                         break
-                    other = getattr(block, "pool", None)
+                    # A kvpool block's pool, also where it is not shown.
+                    other = (
+                        block._pool if isinstance(block, KVCacheBlock) else getattr(block, "pool", None)
+                    )
                     if other is None or other is self:
                         bad = block
                         break

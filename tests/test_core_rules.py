@@ -106,3 +106,44 @@ def test_rule_is_read_at_construction(core: ModuleType) -> None:
     fresh = cls(6, True, 4)
     fresh.touch([fresh.null_block])
     assert fresh.null_block.ref_cnt == 1
+
+
+def pool24_class(core: ModuleType) -> type:
+    key = (core.__name__, 24, False)
+    cls = _classes.get(key)
+    if cls is None:
+        cls = _classes[key] = type("BlockPool", (make_v033(core),), {"_kvpool_block_pool": False})
+    return cls
+
+
+def test_blocks_without_pool(core: ModuleType) -> None:
+    # vLLM 0.24-0.29: the 0.33-style block without the ``pool`` field.
+    assert make_v033(core)._kvpool_block_pool is True
+    pool = pool24_class(core)(6, True, 4)
+    other = make_v033(core)(4, True, 4)
+    for block in (pool.null_block, pool.blocks[1], pool.free_block_queue.fake_free_list_head):
+        assert type(block) is core.KVCacheBlock24
+        assert not hasattr(block, "pool")
+    assert type(other.blocks[1]) is core.KVCacheBlock33 and other.blocks[1].pool is other
+    check_raises(TypeError, core.KVCacheBlock24, 3, pool=pool)
+    b = core.KVCacheBlock24(3, 1, b"h", 8)
+    assert (b.block_id, b.ref_cnt, b.block_hash, b.block_hash_num_tokens) == (3, 1, b"h", 8)
+    assert isinstance(b, core.KVCacheBlock33) and isinstance(b, core.KVCacheBlock)
+    assert repr(b) == (
+        "KVCacheBlock(block_id=3, ref_cnt=1, _block_hash=b'h', "
+        "_block_hash_num_tokens=8, prev_free_block=None, next_free_block=None)"
+    )
+    # The core still knows each block's pool: another pool's block goes back.
+    [mine] = pool.get_new_blocks(1)
+    other.free_blocks([mine])
+    assert mine.ref_cnt == 0 and pool.get_num_free_blocks() == 5
+    # Standalone blocks: a queue of one kind; a pool adopts only its kind.
+    queue = core.FreeKVCacheBlockQueue([core.KVCacheBlock24(i) for i in range(3)])
+    assert [type(x) for x in queue.get_all_free_blocks()] == [core.KVCacheBlock24] * 3
+    check_raises(TypeError, core.FreeKVCacheBlockQueue, [core.KVCacheBlock24(1), core.KVCacheBlock33(2)])
+    stray = core.KVCacheBlock33(9, 1)
+    check_raises(TypeError, pool.free_blocks, [stray])
+    assert stray.ref_cnt == 1
+    lone = core.KVCacheBlock24(9, 1)
+    pool.free_blocks([lone])  # adopted, as vLLM takes a block without a pool as its own
+    assert lone.ref_cnt == 0 and pool.get_num_free_blocks() == 6

@@ -4,10 +4,12 @@ The 0.30 line (``kvpool.v0_30``) but for ``BlockPool`` (``block_pool``: no
 ``medium``, ``unpin_blocks`` or ``replace_existing_hashes``) and the events
 (``kv_events``: ``BlockStored`` without ``session_id``). Free queue, hash map
 and hash helpers are the same in vLLM 0.29.0 and 0.30.0; 0.29's
-``KVCacheBlock`` has no ``pool`` field (see ``block_pool``).
+``KVCacheBlock`` has no ``pool`` field (the core's ``KVCacheBlock24``).
 """
 
 from __future__ import annotations
+
+from types import ModuleType
 
 from .. import CORE as _CORE
 from ..v0_30 import *  # noqa: F403 - the 0.30 line's names; 0.29's are set below
@@ -15,4 +17,11 @@ from ..v0_30 import __all__  # noqa: F401
 from .block_pool import make_block_pool_class
 from .kv_events import BlockStored, KVEventBatch
 
+
+def block_class(core: ModuleType) -> type:
+    """The 0.29 block class of ``core`` (``kvpool._core`` or ``kvpool._core_py``)."""
+    return core.KVCacheBlock24
+
+
+KVCacheBlock = _CORE.KVCacheBlock24
 BlockPool = make_block_pool_class(_CORE)

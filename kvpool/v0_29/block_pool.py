@@ -10,10 +10,13 @@ What vLLM 0.29.0's pool does not have of 0.30.0's:
 - ``cache_partial_block(replace_existing_hashes=)``: the entry must be
   partial (0.30's check with ``replace_existing_hashes`` false).
 
-0.29's blocks have no ``pool`` either, so its ``free_blocks`` takes every
-block as its own; kvpool's blocks know their pool, and a block of another
-kvpool pool is handed back to it (vLLM 0.29 would link it into the wrong
-free queue).
+- ``KVCacheBlock.pool`` (the field and the ``pool=`` argument): the blocks
+  are the core's ``KVCacheBlock24`` (core rule ``_kvpool_block_pool``).
+
+Without ``pool``, 0.29's ``free_blocks`` takes every block as its own;
+kvpool's core still knows each block's pool, and a block of another kvpool
+pool is handed back to it (vLLM 0.29 would link it into the wrong free
+queue).
 """
 
 from __future__ import annotations
@@ -31,26 +34,12 @@ __all__ = ["BlockPoolMixin", "make_block_pool_class"]
 
 
 class BlockPoolMixin(_v0_30.BlockPoolMixin):
-    """Manages a pool of KV-cache blocks: allocation, freeing, the prefix
-    cache (full and partial-block entries) and its LRU eviction.
-    Drop-in compatible with vLLM 0.29.0's ``vllm.v1.core.block_pool.BlockPool``.
+    """Drop-in for vLLM 0.29.0's ``vllm.v1.core.block_pool.BlockPool``: the
+    0.30 pool (``kvpool.v0_30.BlockPool``) without ``medium``,
+    ``unpin_blocks``, ``cache_partial_block(replace_existing_hashes=)`` and
+    the events' ``session_id``."""
 
-    Args:
-        num_gpu_blocks: number of blocks (ids ``0..n-1``); block 0 becomes
-            the ``null_block`` placeholder.
-        enable_caching: prefix caching on (freed blocks keep their hashes
-            and are evicted in LRU order).
-        hash_block_size: the block size the request's block hashes were
-            computed at; a group's block size may be a multiple of it.
-        enable_kv_cache_events: queue KV-cache events for ``take_events()``.
-        metrics_collector: optional sampled residency metrics.
-
-    Misuse (a double free, a foreign block, too many blocks requested, a
-    hash set twice) raises ``ValueError``/``RuntimeError``/``TypeError``
-    and leaves the pool as it was, also under ``python -O``, where vLLM
-    asserts.
-    """
-
+    _kvpool_block_pool = False  # blocks without ``pool`` (KVCacheBlock24)
     _BlockStored: type = BlockStored
     _event_medium = MEDIUM_GPU
     medium = NotInRelease()
@@ -87,6 +76,13 @@ class BlockPoolMixin(_v0_30.BlockPoolMixin):
         return super().cache_partial_block(
             request, block, num_tokens, kv_cache_group_id, block_size
         )
+
+    def _check_own(self, block: Any) -> None:
+        # No ``pool`` to read: this pool's blocks are its ``blocks``.
+        block_id = getattr(block, "block_id", None)
+        blocks = self.blocks
+        if not (type(block_id) is int and 0 <= block_id < len(blocks) and blocks[block_id] is block):
+            super()._check_own(block)  # raises
 
     def _build_block_stored_event(
         self,

@@ -61,9 +61,17 @@ class EventCollector(threading.Thread):
             self.last = time.monotonic()
 
     def wait_quiet(self, quiet: float = 2.0, limit: float = 30.0) -> None:
+        """Return once nothing has arrived for ``quiet`` seconds (from now on)."""
         start = self.last = max(self.last, time.monotonic())
         while time.monotonic() - self.last < quiet and time.monotonic() - start < limit:
             time.sleep(0.1)
+
+    def take(self) -> list:
+        """The batches received so far, removed."""
+        batches, self.batches = self.batches, []
+        return batches
+
+    def close(self) -> None:
         self.stop.set()
         self.join(5)
         self.sock.close(0)
@@ -85,6 +93,23 @@ def prompts(scenario: dict) -> list[list[int]]:
         tail = [rng.randrange(3, vocab) for _ in range(rng.randrange(1, scenario["tail_tokens"]))]
         out.append(prefixes[i % len(prefixes)] + tail)
     return out
+
+
+def _wave_stats(started: float) -> dict:
+    """Seconds of a wave of requests, and the process's RSS and live Python
+    objects after it (the soak benchmark's flatness check)."""
+    import gc
+    import resource
+
+    seconds = time.monotonic() - started
+    gc.collect()
+    rss_kib = 0
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                rss_kib = int(line.split()[1])
+    return {"seconds": seconds, "rss_kib": rss_kib, "objects": len(gc.get_objects()),
+            "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
 
 
 def install_broken(every: int) -> None:
@@ -150,12 +175,36 @@ def main() -> None:
         temperature=0, max_tokens=scenario["max_tokens"], ignore_eos=True, detokenize=False
     )
     requests = [TokensPrompt(prompt_token_ids=p) for p in prompts(scenario)]
+    # Engine steps, counted at the engine's step() the LLM API loops over.
+    engine = llm.llm_engine
+    steps = [0]
+    engine_step = engine.step
+
+    def counted_step(*args, **kwargs):
+        steps[0] += 1
+        return engine_step(*args, **kwargs)
+
+    engine.step = counted_step
+    profiler = None
+    if scenario.get("profile"):
+        import cProfile
+
+        profiler = cProfile.Profile()
+    waves = []
     started = time.monotonic()
     outputs = []
     for wave in range(scenario.get("waves", 1)):
+        wave_started = time.monotonic()
+        if profiler is not None:
+            profiler.enable()
         results = llm.generate(requests, params, use_tqdm=False)
+        if profiler is not None:
+            profiler.disable()
         outputs.append([list(r.outputs[0].token_ids) for r in results])
+        waves.append(_wave_stats(wave_started))
     elapsed = time.monotonic() - started
+    if profiler is not None:
+        profiler.dump_stats(str(Path(out_path).with_suffix(".prof")))
     metrics = {}
     for metric in llm.get_metrics():
         if metric.name in ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries",
@@ -168,13 +217,16 @@ def main() -> None:
         pool_class = f"{type(pool).__module__}.{type(pool).__qualname__}"
     if collector is not None:
         collector.wait_quiet()
+        collector.close()
     result = {
         "tokens": outputs,
         "metrics": metrics,
-        "events": collector.batches if collector is not None else None,
+        "events": collector.take() if collector is not None else None,
         "pool_class": pool_class,
         "generated": sum(len(t) for wave in outputs for t in wave),
         "seconds": elapsed,
+        "steps": steps[0],
+        "waves": waves,
     }
     Path(out_path).write_text(json.dumps(result))
     del llm

@@ -263,7 +263,10 @@ def _pool_module_in_child(env: dict[str, str]) -> str:
         print(type(pool).__module__)
         """
     )
-    env = dict(env, PYTHONPATH=os.path.dirname(os.path.abspath(__file__)))
+    # This directory first, then whatever the environment had (an overlaid
+    # release tree, an in-place kvpool build).
+    paths = [os.path.dirname(os.path.abspath(__file__)), env.get("PYTHONPATH", "")]
+    env = dict(env, PYTHONPATH=os.pathsep.join(p for p in paths if p))
     env.pop("VLLM_PLUGINS", None)
     proc = subprocess.run(
         [sys.executable, "-c", script],

