@@ -1405,7 +1405,8 @@ class Driver:
             self.each(f"remove({i})", lambda s: s.pool.free_block_queue.remove(s.pool.blocks[i]))
             ids = [i]
         r.shuffle(ids)
-        back = r.choice(("append", "append_n", "prepend_n") if self.features.prepend_n else ("append", "append_n"))
+        backs = ("append", "append_n", "prepend_n") if self.features.prepend_n else ("append", "append_n")
+        back = r.choice(backs)
         if back == "append":
             for i in ids:
                 self.note(f"free_block_queue.append(block {i})")

@@ -316,15 +316,22 @@ def test_workload_covers_every_operation(monkeypatch) -> None:
         configs.append(driver.cfg)
     missing = [name for name in driver.ops if not ops[name] and (REPEATS or name != "cow_retained")]
     assert not missing, f"operations never applied: {missing} ({ops})"
-    wanted = ["null block freed", "reset done", "reset refused", "evicted", "lora_request",
-              "cache_salt", "mm_features", "prompt_embeds"]
-    wanted += ["block_mask"] if FEATURES.block_mask else []
-    wanted += ["prepend"] if FEATURES.free_prepend else []
-    wanted += ["partial", "promotion candidate", "block with several keys removed"] if FEATURES.partial else []
-    wanted += ["watcher fired"] if FEATURES.unpin else []
-    wanted += ["cross-pool free", "session_id"] if FEATURES.block_pool_attr else []
-    wanted += ["lookahead events"] if FEATURES.lookahead else []
-    for what in wanted:
+    wanted = (
+        "null block freed, reset done, reset refused, evicted, "
+        "lora_request, cache_salt, mm_features, prompt_embeds"
+    )
+    by_feature = {
+        "block_mask": "block_mask",
+        "free_prepend": "prepend",
+        "partial": "partial, promotion candidate, block with several keys removed",
+        "unpin": "watcher fired",
+        "block_pool_attr": "cross-pool free, session_id",
+        "lookahead": "lookahead events",
+    }
+    for feature, paths in by_feature.items():
+        if getattr(FEATURES, feature):
+            wanted += ", " + paths
+    for what in wanted.split(", "):
         assert seen[what], f"never exercised: {what} ({seen})"
     for attr in ("enable_caching", "events", "metrics", "int_hashes", "positional"):
         assert {getattr(c, attr) for c in configs} == {True, False}, attr
