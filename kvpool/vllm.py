@@ -107,6 +107,13 @@ VLLM_LINES = (
     VLLMLine("0.20", ("0.20.0", "0.20.1", "0.20.2", "0.21.0"), "kvpool.v0_20"),
     VLLMLine("0.22", ("0.22.0", "0.22.1"), "kvpool.v0_22"),
     VLLMLine("0.23", ("0.23.0",), "kvpool.v0_23"),
+    # 0.24-0.28: each the next newer line minus what it changed
+    # (docs/lines-0.24-0.28.md). 0.24.0, 0.25.0 and 0.25.1 have
+    # byte-identical pool files, as have 0.27.0 and 0.27.1.
+    VLLMLine("0.24", ("0.24.0", "0.25.0", "0.25.1"), "kvpool.v0_24"),
+    VLLMLine("0.26", ("0.26.0",), "kvpool.v0_26"),
+    VLLMLine("0.27", ("0.27.0", "0.27.1"), "kvpool.v0_27"),
+    VLLMLine("0.28", ("0.28.0",), "kvpool.v0_28"),
     # 0.29-0.32: the 0.33 line minus what each later release added, one
     # package per release (kvpool/v0_32 ... v0_29 say what differs).
     VLLMLine("0.29", ("0.29.0",), "kvpool.v0_29"),

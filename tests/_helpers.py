@@ -56,6 +56,22 @@ class FakeRequest:
         self.lora_request = lora_request
 
 
+class PlainRequest:
+    """What the 0.24-0.33 lines' pools read of a vLLM ``Request`` without
+    LoRA, multimodal items, cache salt or prompt embeds: ``num_blocks``
+    distinct block hashes and ``block_size`` tokens per block."""
+
+    lora_request = None
+    mm_features: list[Any] = []
+    cache_salt = None
+    prompt_embeds = None
+    session_id = None
+
+    def __init__(self, num_blocks: int, block_size: int = 4) -> None:
+        self.block_hashes = make_hashes(num_blocks)
+        self.all_token_ids = list(range(100, 100 + block_size * num_blocks))
+
+
 def make_hashes(n: int, tag: bytes = b"h") -> list[bytes]:
     """``n`` distinct 32-byte block hashes (like vLLM's sha256 ones)."""
     return [hashlib.sha256(tag + i.to_bytes(4, "big")).digest() for i in range(n)]

@@ -117,16 +117,13 @@ class Features:
         """The features of ``pool_cls`` (a release's own ``BlockPool``) and
         ``stored_cls`` (its ``BlockStored``), from their signatures,
         attributes and fields (a throw-away two-block pool shows the
-        instance attributes)."""
+        instance attributes, its block the block's fields)."""
 
         def params(fn: Any) -> list[str]:
             return list(inspect.signature(fn).parameters)[1:]
 
         pool = pool_cls(2, True, 1)
         block, queue = pool.blocks[1], pool.free_block_queue
-        fields = (
-            [f.name for f in dataclasses.fields(block)] if dataclasses.is_dataclass(block) else []
-        )
         return cls(
             init_params=tuple(params(pool_cls.__init__)),
             block_mask="block_mask" in params(pool_cls.cache_full_blocks),
@@ -135,14 +132,14 @@ class Features:
             partial=hasattr(pool, "cache_partial_block")
             and hasattr(pool, "cached_block_hashes_by_block")
             and hasattr(block, "set_block_hash")
-            and "_block_hash_num_tokens" in fields,
+            and hasattr(block, "_block_hash_num_tokens"),
             replace_hashes=hasattr(pool, "cache_partial_block")
             and "replace_existing_hashes" in params(pool_cls.cache_partial_block),
             emit_cached=hasattr(pool, "emit_cached_block_events"),
             move_hashes=hasattr(pool, "move_block_hashes"),
             iter_after=hasattr(queue, "iter_blocks_after"),
             writable=hasattr(pool, "is_block_writable"),
-            block_pool_attr="pool" in fields,
+            block_pool_attr=hasattr(block, "pool"),
             unpin=hasattr(pool, "unpin_blocks"),
             stored_fields=tuple(stored_cls.__struct_fields__),
         )
@@ -1408,7 +1405,8 @@ class Driver:
             self.each(f"remove({i})", lambda s: s.pool.free_block_queue.remove(s.pool.blocks[i]))
             ids = [i]
         r.shuffle(ids)
-        back = r.choice(("append", "append_n", "prepend_n") if self.features.prepend_n else ("append", "append_n"))
+        backs = ("append", "append_n", "prepend_n") if self.features.prepend_n else ("append", "append_n")
+        back = r.choice(backs)
         if back == "append":
             for i in ids:
                 self.note(f"free_block_queue.append(block {i})")

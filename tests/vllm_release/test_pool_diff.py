@@ -30,6 +30,7 @@ no line for yet).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import importlib
 import inspect
 import logging
@@ -318,15 +319,22 @@ def test_workload_covers_every_operation(monkeypatch) -> None:
         configs.append(driver.cfg)
     missing = [name for name in driver.ops if not ops[name] and (REPEATS or name != "cow_retained")]
     assert not missing, f"operations never applied: {missing} ({ops})"
-    wanted = ["null block freed", "reset done", "reset refused", "evicted", "lora_request",
-              "cache_salt", "mm_features", "prompt_embeds"]
-    wanted += ["block_mask"] if FEATURES.block_mask else []
-    wanted += ["prepend"] if FEATURES.free_prepend else []
-    wanted += ["partial", "promotion candidate", "block with several keys removed"] if FEATURES.partial else []
-    wanted += ["watcher fired"] if FEATURES.unpin else []
-    wanted += ["cross-pool free", "session_id"] if FEATURES.block_pool_attr else []
-    wanted += ["lookahead events"] if FEATURES.lookahead else []
-    for what in wanted:
+    wanted = (
+        "null block freed, reset done, reset refused, evicted, "
+        "lora_request, cache_salt, mm_features, prompt_embeds"
+    )
+    by_feature = {
+        "block_mask": "block_mask",
+        "free_prepend": "prepend",
+        "partial": "partial, promotion candidate, block with several keys removed",
+        "unpin": "watcher fired",
+        "block_pool_attr": "cross-pool free, session_id",
+        "lookahead": "lookahead events",
+    }
+    for feature, paths in by_feature.items():
+        if getattr(FEATURES, feature):
+            wanted += ", " + paths
+    for what in wanted.split(", "):
         assert seen[what], f"never exercised: {what} ({seen})"
     for attr in ("enable_caching", "events", "metrics", "int_hashes", "positional"):
         assert {getattr(c, attr) for c in configs} == {True, False}, attr
@@ -557,3 +565,33 @@ def test_harness_catches_broken_pool(broken: type, monkeypatch) -> None:
 
 def test_some_broken_pool_applies() -> None:
     assert [b for b in BROKEN if b.applies()], f"no broken pool for vLLM {VERSION}"
+
+
+if KVPOOL_CANDIDATES:
+
+    @pytest.mark.parametrize("name", KVPOOL_CANDIDATES)
+    def test_kvpool_line_has_the_release_api(name: str) -> None:
+        """kvpool's line shows the driver what the release shows: the same
+        features (or more: one core serves every line), read the same way off
+        its classes, and every public method and attribute of the release's
+        pool, block, queue and map."""
+        _, pool_cls, stored_cls, _ = candidate(name, 0)
+        got = Features.detect(pool_cls, stored_cls)
+        # One core serves every line: a line may have more of the queue's
+        # methods than its release, never fewer of anything.
+        for field in dataclasses.fields(Features):
+            want, have = getattr(FEATURES, field.name), getattr(got, field.name)
+            if isinstance(want, bool):
+                assert have or not want, f"kvpool's line lacks {field.name} (vLLM {VERSION} has it)"
+            else:
+                assert have == want, f"{field.name}: kvpool's line has {have}, vLLM {VERSION} {want}"
+        ours, theirs = pool_cls(4, True, 1), vllm_block_pool.BlockPool(4, True, 1)
+        for what, a, b in (
+            ("BlockPool", ours, theirs),
+            ("KVCacheBlock", ours.blocks[1], theirs.blocks[1]),
+            ("FreeKVCacheBlockQueue", ours.free_block_queue, theirs.free_block_queue),
+            ("BlockHashToBlockMap", ours.cached_block_hash_to_block, theirs.cached_block_hash_to_block),
+        ):
+            # Public names (the private ones vLLM's callers use are driven above).
+            missing = sorted(n for n in dir(b) if not n.startswith("_") and not hasattr(a, n))
+            assert not missing, f"kvpool's {what} lacks {missing} of vLLM {VERSION}'s"
