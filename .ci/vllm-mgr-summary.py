@@ -42,7 +42,8 @@ def main(path: str, rc: str) -> str:
         if function == "test_vllm_against_itself":
             workloads.add(params)
         if result != "passed":
-            reasons.setdefault(CHECKS.get(function, "other"), message.splitlines()[0][:80] if message else "")
+            first = message.splitlines()[0][:80] if message else ""
+            reasons.setdefault(CHECKS.get(function, "other"), first)
     parts = [
         f"{'passed' if rc == '0' else f'FAILED (pytest exit {rc})'}",
         f"{properties.get('driver', '?')}, {len(workloads)} workloads",
@@ -51,10 +52,16 @@ def main(path: str, rc: str) -> str:
         if check not in counts:
             continue
         said = ", ".join(f"{n} {result}" for result, n in sorted(counts[check].items()))
-        if check in reasons and reasons[check]:
+        line = properties.get("kvpool_line")
+        if check == "kvpool vs vLLM" and line:
+            if line == "none" and set(counts[check]) == {"skipped"}:
+                parts.append("kvpool vs vLLM: no kvpool line")
+                continue
+            check = f"kvpool {line} vs vLLM"
+        if check == "other" and set(counts[check]) == {"passed"}:
+            continue
+        if reasons.get(check) and "no line" not in reasons[check]:
             said += f" ({reasons[check]})"
-        if check == "kvpool vs vLLM" and properties.get("kvpool_line"):
-            check = f"kvpool {properties['kvpool_line']} vs vLLM"
         parts.append(f"{check}: {said}")
     return "; ".join(parts)
 
