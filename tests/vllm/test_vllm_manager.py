@@ -13,12 +13,12 @@ and (where a metrics collector is on) the number of eviction samples.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 
 import msgspec
 import pytest
 import vllm_workload as vw
+from _manager_trace import counters, first_difference
 from vllm.distributed import kv_events as vllm_kv_events
 from vllm.v1.core import block_pool as vllm_block_pool
 from vllm.v1.core import kv_cache_coordinator
@@ -93,16 +93,6 @@ def candidate_run(pool: str, w: vw.Workload, monkeypatch: pytest.MonkeyPatch) ->
     return vw.run(w)
 
 
-STEP_FIELDS = (
-    "events",
-    "prefix_cache_stats",
-    "usage",
-    "free_blocks",
-    "common_prefix_blocks",
-    "eviction_samples",
-)
-
-
 # Field names in wire order (array_like structs, after the tag), from vLLM's
 # own event classes.
 EVENT_FIELDS = {
@@ -111,81 +101,12 @@ EVENT_FIELDS = {
 }
 
 
-def _short(value: object, limit: int = 400) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
-
-
-def _step_fields(entry: tuple) -> dict:
-    _, _, batch, stats, usage, free, common, evictions = entry
-    events = msgspec.msgpack.decode(batch)[1] if batch else []
-    return dict(zip(STEP_FIELDS, (events, dict(stats), usage, free, common, evictions)))
-
-
-def _explain(want: tuple, have: tuple) -> str:
-    """What differs between two trace entries, as precisely as we can say."""
-    if want[0] == have[0] == "step":
-        lines = [f"after step {want[1]}:"]
-        a, b = _step_fields(want), _step_fields(have)
-        for name in STEP_FIELDS:
-            if a[name] == b[name]:
-                continue
-            if name == "events":
-                lines.append(
-                    f"  KV events differ ({len(a[name])} expected, {len(b[name])} got)"
-                )
-                for i, (x, y) in enumerate(zip(a[name], b[name])):
-                    if x != y:
-                        lines.append(f"  first differing event #{i}:")
-                        lines.append(f"    expected: {_short(x)}")
-                        lines.append(f"    got:      {_short(y)}")
-                        fields = EVENT_FIELDS.get(x[0], ()) if x[0] == y[0] else ()
-                        for field, u, v in zip(fields, x[1:], y[1:]):
-                            if u != v:
-                                lines.append(
-                                    f"    field {field}: expected {_short(u)}, got {_short(v)}"
-                                )
-                        break
-                else:
-                    extra = a[name][len(b[name]) :] or b[name][len(a[name]) :]
-                    lines.append(f"  extra events: {_short(extra)}")
-                if want[2] != have[2] and a[name] == b[name]:
-                    lines.append("  (decoded events equal, msgpack bytes differ)")
-            else:
-                lines.append(
-                    f"  {name}: expected {_short(a[name])}, got {_short(b[name])}"
-                )
-        if a == b:
-            lines.append(f"  msgpack bytes differ: {want[2]!r} vs {have[2]!r}")
-        return "\n".join(lines)
-    return f"expected (vLLM's pool): {_short(want)}\ngot (kvpool):           {_short(have)}"
-
-
 def assert_same_trace(expected: list[tuple], got: list[tuple], label: str) -> None:
     """Fail at the first differing entry, showing what differs and the calls
-    that led to it (a whole-trace diff of ~10^5 entries would be unreadable)."""
-    for i, (want, have) in enumerate(zip(expected, got)):
-        if want != have:
-            context = "\n  ".join(
-                _short(e if e[0] != "step" else e[:2])
-                for e in expected[max(0, i - 6) : i]
-            )
-            pytest.fail(
-                f"{label}: first difference at trace entry {i}\n{_explain(want, have)}\n"
-                f"preceded by:\n  {context}",
-                pytrace=False,
-            )
-    assert len(expected) == len(got), (
-        f"{label}: trace lengths {len(expected)} != {len(got)}"
-    )
-
-
-def _counters(r: vw.Run) -> dict:
-    return {
-        f.name: getattr(r, f.name)
-        for f in dataclasses.fields(r)
-        if f.name not in ("trace", "manager_seconds", "manager_calls", "wall_seconds")
-    }
+    that led to it."""
+    diff = first_difference(expected, got, EVENT_FIELDS)
+    if diff:
+        pytest.fail(f"{label}: {diff}", pytrace=False)
 
 
 @pytest.mark.parametrize("pool", POOLS)
@@ -208,7 +129,7 @@ def test_same_decisions_and_events(
 
     got = candidate_run(pool, workload, monkeypatch)
     assert_same_trace(expected.trace, got.trace, f"{workload.name} / {pool}")
-    assert _counters(got) == _counters(expected)
+    assert counters(got) == counters(expected)
 
 
 def test_event_hash_format_follows_env(monkeypatch) -> None:

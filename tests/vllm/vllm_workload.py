@@ -1,4 +1,7 @@
-"""A scheduler-like workload driven through vLLM 0.15.x's own ``KVCacheManager``.
+"""A scheduler-like workload driven through vLLM's own ``KVCacheManager``, for
+the releases whose ``get_computed_blocks`` returns ``(blocks, hit tokens)``:
+0.15.0 to 0.25.x (from 0.26.0 ``tests/vllm33/vllm_workload33.py`` drives the
+manager; ``DRIVER_SPLIT`` says where).
 
 Shared by the differential tests (``test_vllm_manager.py``) and the benchmark
 (``benchmarks/bench_vllm_manager.py``), so that both measure and compare the
@@ -16,6 +19,22 @@ that, at fixed steps it calls ``evict_blocks`` (as vLLM does for blocks whose
 KV load failed) and ``reset_prefix_cache`` (busy: refused; between phases,
 when the engine is idle: done).
 
+What later releases of this range added to the manager, and how their
+``Scheduler`` uses it, is detected from the loaded release's API (never from
+its version string), so one loop serves them all and runs exactly the 0.15
+calls on 0.15.x/0.16.x:
+
+- 0.17.0: ``new_step_starts()`` at the start of every step; 0.17.1:
+  ``take_new_block_ids()`` at the end of ``schedule()`` (recorded);
+- 0.19.0-0.20.x: the admission gate ``can_fit_full_sequence`` before a
+  waiting request's ``allocate_slots`` (``scheduler_reserve_full_isl``, on by
+  default; recorded when it refuses); 0.21.0 folds it into
+  ``allocate_slots(full_sequence_must_fit=True)``;
+- constructor: ``max_num_batched_tokens`` (0.20.0), ``scheduler_block_size``
+  (0.23.0), ``watermark`` (0.24.0); ``allocate_slots``: ``reserved_blocks``
+  (0.23.0, 0 without an async KV load), ``has_scheduled_reqs`` (0.24.0);
+- ``Request`` lost ``eos_token_id`` in 0.17.0.
+
 Everything the scheduler could observe is recorded in ``Run.trace``: every
 allocation's block ids per group (or ``None``), every prefix hit's block ids
 and token count, the prefix-cache stats and the msgpack bytes of the
@@ -31,6 +50,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
+import math
 import random
 import time
 from collections.abc import Callable
@@ -53,7 +74,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheSpec,
     SlidingWindowSpec,
 )
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 # The block hasher needs vLLM's seed for the first block's parent hash. Set it
 # once per process: both pools of a comparison then see the same hashes.
@@ -61,6 +82,20 @@ if not hasattr(kv_cache_utils, "NONE_HASH"):
     kv_cache_utils.init_none_hash(sha256)
 
 VOCAB = 32_000
+
+#: The first manager method of the releases the 0.33-style driver
+#: (``tests/vllm33/vllm_workload33.py``) serves: vLLM 0.26.0 added it together
+#: with the third value of ``get_computed_blocks`` (the shared-prefix
+#: boundary) and the per-step copy-on-write drain.
+DRIVER_SPLIT = "take_kv_cache_block_copies"
+
+
+def accepted(function: Callable[..., Any], **arguments: Any) -> dict[str, Any]:
+    """The keyword ``arguments`` that ``function`` (of the loaded vLLM
+    release) has parameters for: how the drivers pass what a release's
+    ``Scheduler`` passes, for arguments that only some releases know."""
+    parameters = inspect.signature(function).parameters
+    return {name: value for name, value in arguments.items() if name in parameters}
 
 
 @dataclass(frozen=True)
@@ -112,6 +147,11 @@ class Workload:
     def scaled(self, **changes: Any) -> Workload:
         return dataclasses.replace(self, **changes)
 
+    @property
+    def scheduler_block_size(self) -> int:
+        """The scheduler's block size: the LCM of the group block sizes."""
+        return math.lcm(*(g.block_size for g in self.groups))
+
 
 @dataclass
 class Run:
@@ -155,6 +195,12 @@ def make_manager(w: Workload) -> KVCacheManager:
         log_stats=True,
         enable_kv_cache_events=w.enable_events,
         metrics_collector=collector,
+        **accepted(
+            KVCacheManager.__init__,
+            max_num_batched_tokens=w.token_budget,
+            scheduler_block_size=w.scheduler_block_size,
+            watermark=0.0,
+        ),
     )
 
 
@@ -216,9 +262,9 @@ def build_requests(w: Workload) -> list[Request]:
             prompt_token_ids=spec.prompt,
             sampling_params=SamplingParams(max_tokens=len(spec.outputs)),
             pooling_params=None,
-            eos_token_id=None,
             lora_request=spec.lora,
             block_hasher=hasher,
+            **accepted(Request.__init__, eos_token_id=None),
         )
         req._kvpool_outputs = spec.outputs  # the tokens the "model" will emit
         requests.append(req)
@@ -320,6 +366,17 @@ def run(
     clock = time.perf_counter
     spent = 0.0
     calls = 0
+    # The manager calls only some releases of this range have (see the
+    # module docstring); None where the loaded release has not.
+    step_starts = getattr(mgr, "new_step_starts", None)
+    take_new_block_ids = getattr(mgr, "take_new_block_ids", None)
+    can_fit_full_sequence = getattr(mgr, "can_fit_full_sequence", None)
+    admission = accepted(
+        mgr.allocate_slots,
+        full_sequence_must_fit=True,
+        reserved_blocks=0,
+        has_scheduled_reqs=True,
+    )
 
     phase_size = -(-len(requests) // w.phases)
     phases = [requests[i : i + phase_size] for i in range(0, len(requests), phase_size)]
@@ -345,6 +402,11 @@ def run(
             budget = w.token_budget
             scheduled: list[tuple[Request, int]] = []
             preempted = False
+            if step_starts is not None:
+                t0 = clock()
+                step_starts()
+                spent += clock() - t0
+                calls += 1
 
             # 1. Running requests: a prefill chunk or one decode token each.
             i = 0
@@ -369,6 +431,7 @@ def run(
                     mgr.free(victim)
                     spent += clock() - t0
                     calls += 1
+                    victim.status = RequestStatus.PREEMPTED
                     victim.num_computed_tokens = 0
                     victim.num_preemptions += 1
                     waiting.appendleft(victim)
@@ -402,8 +465,25 @@ def run(
                         ("hit", step, req.request_id, num_computed, _ids(computed))
                     )
                 num_new = min(req.num_tokens - num_computed, budget)
+                if can_fit_full_sequence is not None:
+                    t0 = clock()
+                    fits = can_fit_full_sequence(
+                        req,
+                        num_new_computed_tokens=num_computed,
+                        new_computed_blocks=computed,
+                    )
+                    spent += clock() - t0
+                    calls += 1
+                    if not fits:
+                        if record:
+                            trace.append(("no-fit", step, req.request_id))
+                        break
+                if "has_scheduled_reqs" in admission:
+                    admission["has_scheduled_reqs"] = bool(running)
                 t0 = clock()
-                new_blocks = mgr.allocate_slots(req, num_new, num_computed, computed)
+                new_blocks = mgr.allocate_slots(
+                    req, num_new, num_computed, computed, **admission
+                )
                 spent += clock() - t0
                 calls += 1
                 if record:
@@ -414,9 +494,19 @@ def run(
                     break
                 waiting.popleft()
                 running.append(req)
+                req.status = RequestStatus.RUNNING
                 req.num_computed_tokens = num_computed
                 scheduled.append((req, num_new))
                 budget -= num_new
+
+            # The end of schedule(): blocks the workers must zero.
+            if take_new_block_ids is not None:
+                t0 = clock()
+                zero_ids = take_new_block_ids()
+                spent += clock() - t0
+                calls += 1
+                if record:
+                    trace.append(("zero", step, tuple(zero_ids)))
 
             # 3. The "model" ran: advance, emit tokens, finish.
             finished = []
@@ -429,6 +519,7 @@ def run(
                         finished.append(req)
             for req in finished:
                 running.remove(req)
+                req.status = RequestStatus.FINISHED_LENGTH_CAPPED
                 t0 = clock()
                 mgr.free(req)
                 spent += clock() - t0

@@ -32,12 +32,10 @@ that moment (``touch`` of blocks with ``ref_cnt > 0``).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
 from collections.abc import Iterator
 from types import ModuleType
 
-import msgspec
 import pytest
 
 try:
@@ -51,6 +49,13 @@ if not _vllm_version.startswith("0.33."):
     pytest.skip(f"vLLM {_vllm_version} is not 0.33.x", allow_module_level=True)
 
 import vllm_workload33 as vw  # noqa: E402
+from _manager_trace import (  # noqa: E402
+    counters,
+    events_broken,
+    first_difference,
+    free_order_broken,
+    step_fields,
+)
 from vllm.v1.core import block_pool as vllm_block_pool  # noqa: E402
 from vllm.v1.core import kv_cache_coordinator  # noqa: E402
 from vllm.v1.core import single_type_kv_cache_manager  # noqa: E402
@@ -173,101 +178,6 @@ def candidate_run(pool_class: type, w: vw.Workload) -> vw.Run:
         return vw.run(w)
 
 
-# ---------------------------------------------------------------- reporting
-
-STEP_FIELDS = (
-    "events",
-    "prefix_cache_stats",
-    "usage",
-    "free_blocks",
-    "common_prefix_blocks",
-    "eviction_samples",
-)
-
-
-def _short(value: object, limit: int = 400) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
-
-
-def _step_fields(entry: tuple) -> dict:
-    _, _, batch, stats, usage, free, common, evictions = entry
-    # KVEventBatch is array_like: [ts, events, ...]; 0.33's events are
-    # tagged maps ({"type": "BlockStored", ...}).
-    events = msgspec.msgpack.decode(batch)[1] if batch else []
-    return dict(zip(STEP_FIELDS, (events, dict(stats), usage, free, common, evictions)))
-
-
-def _explain_events(a: list, b: list) -> list[str]:
-    lines = [f"  KV events differ ({len(a)} expected, {len(b)} got)"]
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x == y:
-            continue
-        lines.append(f"  first differing event #{i}:")
-        lines.append(f"    expected: {_short(x)}")
-        lines.append(f"    got:      {_short(y)}")
-        if isinstance(x, dict) and isinstance(y, dict):
-            for key in sorted(set(x) | set(y)):
-                if x.get(key) != y.get(key):
-                    lines.append(
-                        f"    field {key}: expected {_short(x.get(key))}, "
-                        f"got {_short(y.get(key))}"
-                    )
-        return lines
-    extra = a[len(b) :] or b[len(a) :]
-    lines.append(f"  extra events: {_short(extra)}")
-    return lines
-
-
-def _explain(want: tuple, have: tuple) -> str:
-    """What differs between two trace entries, as precisely as we can say."""
-    if want[0] == have[0] == "step":
-        lines = [f"after step {want[1]}:"]
-        a, b = _step_fields(want), _step_fields(have)
-        for name in STEP_FIELDS:
-            if a[name] == b[name]:
-                continue
-            if name == "events":
-                lines += _explain_events(a[name], b[name])
-            else:
-                lines.append(
-                    f"  {name}: expected {_short(a[name])}, got {_short(b[name])}"
-                )
-        if a == b:
-            lines.append(
-                f"  decoded fields equal, msgpack bytes differ: {want[2]!r} vs {have[2]!r}"
-            )
-        return "\n".join(lines)
-    return f"expected (vLLM's pool): {_short(want)}\ngot (kvpool):           {_short(have)}"
-
-
-def first_difference(expected: list[tuple], got: list[tuple]) -> str | None:
-    """None if the traces are equal, else the first differing entry with
-    what differs and the calls that led to it (a whole-trace diff of ~10^5
-    entries would be unreadable)."""
-    for i, (want, have) in enumerate(zip(expected, got)):
-        if want != have:
-            context = "\n  ".join(
-                _short(e if e[0] != "step" else e[:2])
-                for e in expected[max(0, i - 6) : i]
-            )
-            return (
-                f"first difference at trace entry {i}\n{_explain(want, have)}\n"
-                f"preceded by:\n  {context}"
-            )
-    if len(expected) != len(got):
-        return f"trace lengths {len(expected)} != {len(got)} (equal up to the shorter)"
-    return None
-
-
-def _counters(r: vw.Run) -> dict:
-    return {
-        f.name: getattr(r, f.name)
-        for f in dataclasses.fields(r)
-        if f.name not in ("trace", "manager_seconds", "manager_calls", "wall_seconds")
-    }
-
-
 # -------------------------------------------------------------------- tests
 
 
@@ -303,39 +213,24 @@ def test_same_decisions_and_events(
             ev["type"] == "BlockStored" and len(ev["token_ids"]) % 32
             for e in expected.trace
             if e[0] == "step" and e[2]
-            for ev in _step_fields(e)["events"]
+            for ev in step_fields(e)["events"]
         ), "no partial-block key was ever stored"
 
     got = candidate_run(vllm_block_pool_class(CORES[core]), workload)
     diff = first_difference(expected.trace, got.trace)
     if diff:
         pytest.fail(f"{workload.name} / kvpool ({core}): {diff}", pytrace=False)
-    assert _counters(got) == _counters(expected)
+    assert counters(got) == counters(expected)
 
 
 def _free_order_broken(core: ModuleType) -> type:
-    """kvpool's pool with one deliberate bug: ``free_blocks`` frees in the
-    opposite order (so the free queue, hence later allocations and
-    evictions, differ)."""
-    base = vllm_block_pool_class(core)
-
-    class FreeOrderBroken(base):  # type: ignore[misc, valid-type]
-        def free_blocks(self, ordered_blocks, *args, **kwargs):
-            return super().free_blocks(list(ordered_blocks)[::-1], *args, **kwargs)
-
-    return FreeOrderBroken
+    """kvpool's pool over ``core``, freeing in the opposite order."""
+    return free_order_broken(vllm_block_pool_class(core))
 
 
 def _events_broken(core: ModuleType) -> type:
-    """kvpool's pool with one deliberate bug: it drops the last event of
-    every batch it hands out."""
-    base = vllm_block_pool_class(core)
-
-    class EventsBroken(base):  # type: ignore[misc, valid-type]
-        def take_events(self):
-            return super().take_events()[:-1]
-
-    return EventsBroken
+    """kvpool's pool over ``core``, dropping the last event of every batch."""
+    return events_broken(vllm_block_pool_class(core))
 
 
 @pytest.mark.parametrize("core", list(CORES))

@@ -1,8 +1,18 @@
-"""A scheduler-like workload driven through vLLM 0.33.x's own ``KVCacheManager``.
+"""A scheduler-like workload driven through vLLM 0.33.x's own ``KVCacheManager``,
+and that of every release from 0.26.0 (``vllm_workload.DRIVER_SPLIT``).
 
-The 0.33 twin of ``tests/vllm/vllm_workload.py`` (vLLM 0.15.x): the same
+The 0.33 twin of ``tests/vllm/vllm_workload.py`` (vLLM 0.15.0-0.25.x): the same
 workloads, the same trace format, but the manager is built and called the way
 vLLM 0.33.0's ``Scheduler`` does it (``vllm/v1/core/sched/scheduler.py``).
+What the releases 0.26.0-0.32.0 lack is detected from the loaded release's
+API: ``record_prefix_cache_stats`` (0.27.0; before, ``get_computed_blocks``
+records the hit itself), ``take_boundary_state_offloads`` (0.29.0; 0.27.x and
+0.28.0's ``take_partial_tail_offloads`` is called only for a KV producer
+connector, so never here), the constructor's ``num_prefill_lookahead``
+(0.28.0), ``enable_mamba_fine_grained_prefix_cache`` (0.30.0 only),
+``enable_mamba_shared_prefix_checkpoint`` (0.31.0) and
+``num_hash_lookahead_tokens`` (0.33.0); the Mamba split reads
+``use_eagle`` until 0.29.x, ``use_eagle_block_drop`` after.
 Shared by the differential tests (``test_vllm_manager33.py``) and the benchmark
 (``benchmarks/bench_vllm_manager.py``). It imports vLLM 0.33: use it only
 where that vLLM is importable.
@@ -60,7 +70,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import math
 import os
 import random
 import sys
@@ -91,6 +100,7 @@ from vllm_workload import (  # noqa: E402
     VOCAB,
     _ids,
     _request_specs,
+    accepted,
 )
 
 __all__ = ["VOCAB", "Group", "Workload", "Run", "run", "build_requests", "make_manager"]
@@ -130,10 +140,6 @@ class Workload(_v15.Workload):
     # partial tail block the other one cached. 0: never.
     repeat_every: int = 0
 
-    @property
-    def scheduler_block_size(self) -> int:
-        return math.lcm(*(g.block_size for g in self.groups))
-
 
 @dataclass
 class Run(_v15.Run):
@@ -157,8 +163,6 @@ def make_manager(w: Workload) -> KVCacheManager:
         max_in_flight_tokens=w.token_budget,  # one batch in flight
         enable_caching=w.enable_caching,
         use_eagle=False,
-        num_hash_lookahead_tokens=0,
-        num_prefill_lookahead=0,
         log_stats=True,
         enable_kv_cache_events=w.enable_events,
         dcp_world_size=1,
@@ -167,7 +171,13 @@ def make_manager(w: Workload) -> KVCacheManager:
         hash_block_size=w.hash_block_size,
         metrics_collector=collector,
         watermark=0.0,
-        enable_mamba_shared_prefix_checkpoint=False,
+        **accepted(
+            KVCacheManager.__init__,
+            num_hash_lookahead_tokens=0,  # 0.33.0
+            num_prefill_lookahead=0,  # 0.28.0
+            enable_mamba_fine_grained_prefix_cache=False,  # 0.30.0 only
+            enable_mamba_shared_prefix_checkpoint=False,  # 0.31.0
+        ),
     )
 
 
@@ -209,15 +219,19 @@ def _mamba_split(w: Workload, mgr: KVCacheManager) -> Callable[..., int] | None:
     )
     scheduler = SimpleNamespace(
         cache_config=SimpleNamespace(block_size=mamba[0].block_size),
+        block_size=w.scheduler_block_size,
         hash_block_size=w.hash_block_size,
-        use_eagle_block_drop=False,
+        use_eagle=False,  # until 0.29.x
+        use_eagle_block_drop=False,  # from 0.30.0
+        mamba_fine_grained_prefix_cache=False,  # 0.30.0 only
         num_hash_lookahead_tokens=0,
         mamba_has_prefill_checkpoint_blocks=False,
         mamba_prefill_checkpoint_alignment=None,
         max_num_scheduled_tokens=w.token_budget,
         scheduler_config=SimpleNamespace(long_prefill_token_threshold=0),
         mamba_partial_cache_hit=partial,
-        mamba_shared_prefix_checkpoint=partial and mgr.mamba_shared_prefix_checkpoint,
+        mamba_shared_prefix_checkpoint=partial
+        and getattr(mgr, "mamba_shared_prefix_checkpoint", False),
     )
     return functools.partial(Scheduler._mamba_block_aligned_split, scheduler)
 
@@ -247,6 +261,12 @@ def run(
     clock = time.perf_counter
     spent = 0.0
     calls = 0
+    # The manager calls only some releases of this range have (see the
+    # module docstring): a stand-in where the loaded release has not.
+    record_prefix_cache_stats = getattr(
+        mgr, "record_prefix_cache_stats", lambda request, num_hits: None
+    )
+    take_boundary_state_offloads = getattr(mgr, "take_boundary_state_offloads", dict)
     WAITING, RUNNING, PREEMPTED = (
         RequestStatus.WAITING,
         RequestStatus.RUNNING,
@@ -390,7 +410,7 @@ def run(
                 if new_blocks is None:
                     break
                 t0 = clock()
-                mgr.record_prefix_cache_stats(req, num_computed)
+                record_prefix_cache_stats(req, num_computed)
                 spent += clock() - t0
                 calls += 1
                 waiting.popleft()
@@ -402,7 +422,7 @@ def run(
 
             # 3. End of schedule(): the per-step drains.
             t0 = clock()
-            offloads = mgr.take_boundary_state_offloads()
+            offloads = take_boundary_state_offloads()
             copies, retained = mgr.take_kv_cache_block_copies()
             if copies:
                 mgr.block_pool.free_blocks(retained)

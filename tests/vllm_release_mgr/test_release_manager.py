@@ -1,0 +1,267 @@
+"""Differential tests for any vLLM release: the release's own
+``KVCacheManager``, built and called as that release's ``Scheduler`` does,
+over vLLM's own ``BlockPool`` and over kvpool's pool of the release's line
+(``kvpool.vllm.vllm_line(vllm.__version__)``), must make identical decisions
+and publish identical bytes.
+
+The driver is chosen from the release's API: ``tests/vllm/vllm_workload.py``
+for the releases whose ``get_computed_blocks`` returns two values (0.15.0 to
+0.25.x), ``tests/vllm33/vllm_workload33.py`` from 0.26.0
+(``vllm_workload.DRIVER_SPLIT``); each detects the rest of its range's
+differences itself. What is compared is what those drivers record (see their
+docstrings and ``tests/vllm/test_vllm_manager.py``).
+
+Three checks per release:
+
+- vLLM against itself: a second run over vLLM's own pool class, put in
+  through the same names kvpool's pool is, gives the same trace (the driver is
+  deterministic and the swap reaches the pool the manager builds);
+- kvpool against vLLM, over each core: skipped where kvpool has no line for
+  the release;
+- a deliberately broken pool (vLLM's, and kvpool's where it has a line) is
+  caught, and the report names the first difference.
+
+``KVPOOL_MGR_SCALE`` (default 1) scales every workload's request count, so a
+CI run over all releases fits its time (``.ci/vllm-mgr-all.sh``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+from collections.abc import Iterator
+from types import ModuleType
+
+import msgspec
+import pytest
+import vllm
+import vllm_workload as vw15
+from _manager_trace import counters, events_broken, first_difference, free_order_broken
+from vllm.distributed import kv_events as vllm_kv_events
+from vllm.v1.core import block_pool as vllm_block_pool
+from vllm.v1.core import kv_cache_coordinator, single_type_kv_cache_manager
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+import kvpool.vllm as kv_vllm
+from kvpool.vllm_events import vllm_block_pool_class
+
+RELEASE = vllm.__version__
+LATE_DRIVER = hasattr(KVCacheManager, vw15.DRIVER_SPLIT)
+vw = importlib.import_module("vllm_workload33" if LATE_DRIVER else "vllm_workload")
+SCALE = float(os.environ.get("KVPOOL_MGR_SCALE", "1"))
+
+
+def _n(num_requests: int) -> int:
+    return max(40, round(num_requests * SCALE))
+
+
+# Half the blocks of the drivers' default pool: preemptions and evictions even
+# in the shortest runs.
+NUM_BLOCKS = 1024
+
+WORKLOADS = {
+    "full": vw.FULL.scaled(num_requests=_n(600), num_blocks=NUM_BLOCKS),
+    "full+sliding": vw.HYBRID.scaled(  # metrics collector on
+        num_requests=_n(400), num_blocks=NUM_BLOCKS
+    ),
+    "full32+sliding16": vw.MIXED_BLOCK_SIZES.scaled(
+        num_requests=_n(400), num_blocks=NUM_BLOCKS
+    ),
+    "full-bytes-hashes": vw.FULL.scaled(
+        name="full, raw-bytes event hashes",
+        num_requests=_n(300),
+        num_blocks=NUM_BLOCKS,
+    ),
+    "no-prefix-caching": vw.FULL.scaled(
+        name="prefix caching off",
+        enable_caching=False,
+        num_requests=_n(300),
+        num_blocks=NUM_BLOCKS,
+    ),
+}
+if LATE_DRIVER:
+    WORKLOADS["shared-running-prefix"] = vw.FULL.scaled(
+        name="hits on a prefix shared with running requests",
+        num_requests=_n(250),
+        num_prefixes=6,
+        arrivals_per_step=2,
+        num_blocks=400,
+        metrics_sample_rate=0.5,
+    )
+    WORKLOADS["mamba-cow"] = vw.FULL.scaled(
+        name="full attention + Mamba align: partial hits, copy-on-write",
+        groups=(vw.Group("full", 64), vw.Group("mamba", 64)),
+        hash_block_size=16,
+        num_requests=_n(300),
+        num_prefixes=6,
+        arrivals_per_step=2,
+        repeat_every=3,
+        num_blocks=400,
+        metrics_sample_rate=0.5,
+    )
+
+
+def _cores() -> dict[str, ModuleType]:
+    cores = {"pure-python": importlib.import_module("kvpool._core_py")}
+    try:
+        cores["compiled"] = importlib.import_module("kvpool._core")
+    except ImportError:
+        pass
+    return cores
+
+
+CORES = _cores()
+
+# Array-encoded events (until vLLM 0.23): field names in wire order, after the
+# tag, from vLLM's own classes, to name a differing field.
+EVENT_FIELDS = {
+    cls.__name__: tuple(f.name for f in msgspec.structs.fields(cls))
+    for cls in (vllm_kv_events.BlockStored, vllm_kv_events.BlockRemoved)
+}
+
+# Where every release names the pool class it builds (the coordinator builds
+# it; the single-type managers use the name for annotations).
+_POOL_NAME_MODULES = (kv_cache_coordinator, single_type_kv_cache_manager)
+
+
+def kvpool_line() -> kv_vllm.VLLMLine:
+    """kvpool's line for this release; a skip where it has none (every
+    release of ``kvpool.vllm.VLLM_LINES`` has one, by definition)."""
+    try:
+        return kv_vllm.vllm_line(RELEASE)
+    except kv_vllm.UnsupportedVLLMVersionError:
+        pytest.skip(f"kvpool has no line for vLLM {RELEASE}")
+
+
+@contextlib.contextmanager
+def pool_in_vllm(pool_class: type) -> Iterator[None]:
+    """vLLM builds ``pool_class`` inside the block: the names it builds its
+    pool through are rebound, as ``kvpool.vllm.install()`` does."""
+    saved = [(m, m.BlockPool) for m in _POOL_NAME_MODULES if hasattr(m, "BlockPool")]
+    for module, _ in saved:
+        module.BlockPool = pool_class
+    try:
+        yield
+    finally:
+        for module, original in saved:
+            module.BlockPool = original
+
+
+@pytest.fixture(autouse=True)
+def _vllm_pool_in_place() -> Iterator[None]:
+    assert kv_cache_coordinator.BlockPool is vllm_block_pool.BlockPool
+    yield
+    assert kv_cache_coordinator.BlockPool is vllm_block_pool.BlockPool
+
+
+@pytest.fixture
+def workload(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> vw.Workload:
+    name = request.param
+    if name == "full-bytes-hashes":
+        monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "0")
+    else:
+        monkeypatch.delenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", raising=False)
+    return WORKLOADS[name]
+
+
+_reference: dict[str, vw.Run] = {}
+
+
+def reference_run(key: str, w: vw.Workload) -> vw.Run:
+    """vLLM's own pool on the workload (once per session per workload),
+    checked to exercise what the workload claims to."""
+    if key in _reference:
+        return _reference[key]
+    r = _reference[key] = vw.run(w)
+    assert r.finished == w.num_requests
+    assert r.busy_resets_refused > 0
+    assert any(e[0] == "evict" for e in r.trace)
+    if w.enable_caching:
+        assert r.preemptions > 0
+        assert r.prefix_hit_tokens > 0
+        assert any(e[0] == "reset" and e[2] for e in r.trace)
+    if w.enable_events:
+        assert r.events > 0
+    if w.metrics_sample_rate:
+        assert any(e[0] == "step" and e[7] for e in r.trace)
+    if key == "shared-running-prefix":
+        assert r.hits_on_blocks_in_use > 0
+    if key == "mamba-cow":
+        assert r.cow_copies > 0
+    return r
+
+
+def candidate_run(pool_class: type, w: vw.Workload) -> vw.Run:
+    with pool_in_vllm(pool_class):
+        assert type(vw.make_manager(w).block_pool) is pool_class
+        return vw.run(w)
+
+
+def assert_same(expected: vw.Run, got: vw.Run, label: str) -> None:
+    diff = first_difference(expected.trace, got.trace, EVENT_FIELDS)
+    if diff:
+        pytest.fail(f"vLLM {RELEASE}, {label}: {diff}", pytrace=False)
+    assert counters(got) == counters(expected)
+
+
+def test_driver_for_release(record_testsuite_property) -> None:
+    """The driver in use is the one for this release's manager API (named in
+    the JUnit report, with kvpool's line, for .ci/vllm-mgr-all.sh)."""
+    record_testsuite_property("driver", vw.__name__)
+    try:
+        record_testsuite_property("kvpool_line", kv_vllm.vllm_line(RELEASE).name)
+    except kv_vllm.UnsupportedVLLMVersionError:
+        record_testsuite_property("kvpool_line", "none")
+    assert vw.__name__ == ("vllm_workload33" if LATE_DRIVER else "vllm_workload")
+    computed = vw.make_manager(WORKLOADS["full"]).get_computed_blocks(
+        vw.build_requests(WORKLOADS["full"].scaled(num_requests=1))[0]
+    )
+    assert len(computed) == (3 if LATE_DRIVER else 2)
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS), indirect=True)
+def test_vllm_against_itself(workload: vw.Workload, request: pytest.FixtureRequest) -> None:
+    expected = reference_run(request.node.callspec.params["workload"], workload)
+
+    class VLLMBlockPool(vllm_block_pool.BlockPool):  # type: ignore[misc, valid-type]
+        """vLLM's own pool, under another name: it must be the one built."""
+
+    assert_same(expected, candidate_run(VLLMBlockPool, workload), "vLLM's pool again")
+
+
+@pytest.mark.parametrize("core", list(CORES))
+@pytest.mark.parametrize("workload", list(WORKLOADS), indirect=True)
+def test_kvpool_against_vllm(
+    workload: vw.Workload, core: str, request: pytest.FixtureRequest
+) -> None:
+    line = kvpool_line()
+    expected = reference_run(request.node.callspec.params["workload"], workload)
+    pool_class = vllm_block_pool_class(line.name, CORES[core])
+    assert_same(
+        expected, candidate_run(pool_class, workload), f"kvpool {line.name} ({core})"
+    )
+
+
+@pytest.mark.parametrize("base", ["vllm", "kvpool"])
+@pytest.mark.parametrize(
+    "breakage, where",
+    [(free_order_broken, "expected (vLLM's pool)"), (events_broken, "KV events differ")],
+    ids=["free-order", "dropped-event"],
+)
+def test_a_broken_pool_is_caught(base: str, breakage, where: str) -> None:
+    """The comparison is not vacuous on this release: a pool that differs
+    from vLLM's in one detail fails it, and the report names the first
+    difference; the unbroken pool passes on the same workload."""
+    if base == "vllm":
+        pool_class = vllm_block_pool.BlockPool
+    else:
+        pool_class = vllm_block_pool_class(kvpool_line().name)
+    w = WORKLOADS["full"].scaled(num_requests=_n(150))
+    expected = vw.run(w)
+    diff = first_difference(expected.trace, candidate_run(breakage(pool_class), w).trace)
+    assert diff is not None, f"{breakage.__name__} over {base}'s pool went unnoticed"
+    assert where in diff, diff
+    assert first_difference(expected.trace, candidate_run(pool_class, w).trace) is None
