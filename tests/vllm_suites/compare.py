@@ -4,10 +4,12 @@ compatibility section: every test that passes with vLLM's pool passes with
 kvpool's, except the ones listed in ``exceptions.txt`` for this release, each
 with the safety property it protects.
 
-usage: python compare.py VERSION STOCK.xml SWAPPED.xml
+usage: python compare.py VERSION STOCK.xml [SWAPPED.xml]
 Exit status 0 when the rule holds; 1 otherwise (the offending tests are
 listed). A listed exception that passes with kvpool is reported (the list
-must stay short and true) and fails the run too.
+must stay short and true) and fails the run too. Without SWAPPED.xml it only
+counts what passes stock. The last line is a one-line summary
+(``summary: tests=... stock=... kvpool=... exceptions=...: rule holds``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,37 @@ def outcomes(path: str) -> dict[str, str]:
     return result
 
 
+# What a test that wants a model's configuration from a hub fails with,
+# offline (vLLM's ModelConfig, huggingface_hub).
+HUB_FAILURES = ("Invalid repository ID or local directory", "LocalEntryNotFoundError",
+                "offline mode is enabled")
+
+
+def hub_failures(path: str) -> set[str]:
+    """The tests of a run that failed for want of a model's config from a hub."""
+    found = set()
+    for case in ET.parse(path).getroot().iter("testcase"):
+        for child in case:
+            if child.tag in ("failure", "error"):
+                text = f"{child.get('message', '')}\n{child.text or ''}"
+                if any(marker in text for marker in HUB_FAILURES):
+                    found.add(f"{case.get('classname')}::{case.get('name')}")
+    return found
+
+
+def report_stock_failures(stock: dict[str, str], stock_xml: str) -> int:
+    """Print what fails with vLLM's own pool (out of scope); the number of
+    those that want a model from a hub."""
+    failing = sorted(t for t, o in stock.items() if o != "passed")
+    hub = hub_failures(stock_xml)
+    other = [t for t in failing if t not in hub]
+    if failing:
+        print(f"   {len(failing)} fail or skip with vLLM's own pool too (out of scope): "
+              f"{len(hub)} want a model's config from a hub (the run is offline), "
+              f"{len(other)} for other reasons" + (": " + ", ".join(other[:5]) if other else ""))
+    return len(hub)
+
+
 def exceptions(version: str) -> dict[str, str]:
     """``VERSION TEST-ID -- reason`` lines of exceptions.txt for ``version``."""
     listed = {}
@@ -48,8 +81,16 @@ def exceptions(version: str) -> dict[str, str]:
     return listed
 
 
-def main(version: str, stock_xml: str, swapped_xml: str) -> int:
-    stock, swapped = outcomes(stock_xml), outcomes(swapped_xml)
+def main(version: str, stock_xml: str, swapped_xml: str | None = None) -> int:
+    stock = outcomes(stock_xml)
+    if swapped_xml is None:
+        passed = sum(o == "passed" for o in stock.values())
+        print(f"vLLM {version}'s own tests: {len(stock)} collected; {passed} pass with "
+              "vLLM's pool (stock only: no comparison)")
+        hub = report_stock_failures(stock, stock_xml)
+        print(f"summary: tests={len(stock)} stock={passed} hub={hub}: stock only")
+        return 0
+    swapped = outcomes(swapped_xml)
     listed = exceptions(version)
     passed_stock = {t for t, o in stock.items() if o == "passed"}
     passed_kvpool = {t for t, o in swapped.items() if o == "passed"}
@@ -61,10 +102,7 @@ def main(version: str, stock_xml: str, swapped_xml: str) -> int:
           f"{len(lost)} test(s), {len(lost) - len(unexplained)} of them listed exceptions")
     for t in lost:
         print(f"   exception: {t}  -- {listed.get(t, 'NOT LISTED')}")
-    failing_both = sorted(t for t, o in stock.items() if o != "passed")
-    if failing_both:
-        print(f"   {len(failing_both)} fail or skip with vLLM's own pool too (out of scope: "
-              "a model download, a GPU or a server), e.g. " + ", ".join(failing_both[:3]))
+    hub = report_stock_failures(stock, stock_xml)
     gained = sorted(passed_kvpool - passed_stock)
     if gained:
         print(f"   {len(gained)} pass only with kvpool: " + ", ".join(gained[:5]))
@@ -78,6 +116,9 @@ def main(version: str, stock_xml: str, swapped_xml: str) -> int:
         print("\n".join(f"   {t}" for t in stale))
         status = 1
     print(f"vLLM {version}'s own tests: {'rule holds' if status == 0 else 'RULE BROKEN'}")
+    print(f"summary: tests={len(stock)} stock={len(passed_stock)} hub={hub} "
+          f"kvpool={len(passed_kvpool)} exceptions={len(lost) - len(unexplained)}: "
+          f"{'rule holds' if status == 0 else 'RULE BROKEN'}")
     return status
 
 
