@@ -91,6 +91,7 @@ cdef class PoolCore:
     cdef object _hash_block_size
     cdef bint _caching
     cdef bint _events
+    cdef bint _count_null         # rule _kvpool_counts_null (see PoolCore)
     cdef dict _by_block           # 0.33: block_id -> its further hash keys
     cdef dict _watchers           # 0.33: block_id -> reuse watcher
     cdef BlockHashToBlockMap _map

@@ -1,7 +1,7 @@
 # Type stubs of the block-pool core. The compiled ``kvpool._core`` and its
 # pure-Python twin ``kvpool._core_py`` implement exactly this interface.
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 class KVCacheBlock:
     """Metadata of one KV-cache block (the tensors live on the GPU).
@@ -69,6 +69,14 @@ class PoolCore:
     ``PoolCore(num_gpu_blocks, *rest)``: the extra arguments are the facade's
     and ignored here. Validates ``num_gpu_blocks`` (int, >= 1).
     """
+
+    # Rules in which vLLM releases differ, read once when a pool is built;
+    # a facade overrides them as class attributes (see _core.pyx).
+    #: 33: the 0.33-style store and rules (vLLM 0.24 and later); 15: 0.15's.
+    _kvpool_line: ClassVar[int]
+    #: ``touch``/``free_blocks`` count the null block's ``ref_cnt``, and
+    #: another pool's null block is freed by its pool (vLLM before 0.33).
+    _kvpool_counts_null: ClassVar[bool]
 
     def __init__(self, num_gpu_blocks: int, *args: Any, **kwargs: Any) -> None: ...
     @property

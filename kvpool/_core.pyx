@@ -55,6 +55,9 @@ cdef enum:
 DEF GROUP_ID_BYTES = 4
 # ``block_hash_num_tokens`` of a block without one (vLLM's None).
 cdef int64_t NTOK_NONE = INT64_MIN
+# Lowest ref_cnt of a null block whose count is kept (_kvpool_counts_null):
+# each free takes one, so it may go negative, but never overflow.
+cdef int32_t NULL_REF_CNT_MIN = -INT32_MAX
 # Largest pool: indices, sentinels included, must fit an int32.
 cdef Py_ssize_t MAX_BLOCKS = INT32_MAX - 2
 
@@ -1331,6 +1334,22 @@ cdef class PoolCore:
     """The block bookkeeping of a pool; ``kvpool.BlockPool`` subclasses it and
     adds events and metrics. ``PoolCore(num_gpu_blocks, *facade_args)``."""
 
+    # Rules in which vLLM releases differ, one class attribute each: a
+    # facade overrides the ones its release needs. They are read once, when
+    # a pool is built, into C fields (changing them later has no effect).
+    # The twin (_core_py.PoolCore) has the same names and defaults.
+
+    #: 33: the 0.33-style store (several keys per block, partial entries,
+    #: token counts, ``block.pool``) and 0.33's free order, eviction and
+    #: cross-pool frees (the lines of vLLM 0.24 and later); 15: vLLM 0.15's.
+    _kvpool_line = 15
+    #: True: ``touch`` adds one to the null block's ``ref_cnt`` and
+    #: ``free_blocks`` takes one (it may go below 0; it is never checked or
+    #: queued), and on the 0.33-style store another pool's null block is
+    #: handed to its pool like its other blocks -- as vLLM does before 0.33.
+    #: False: the null block is skipped (vLLM 0.33).
+    _kvpool_counts_null = False
+
     def __cinit__(self, num_gpu_blocks, *args, **kwargs):
         cdef Py_ssize_t n, i
         if isinstance(num_gpu_blocks, bool) or not isinstance(num_gpu_blocks, int):
@@ -1342,8 +1361,9 @@ cdef class PoolCore:
                 f"num_gpu_blocks must be in [1, {MAX_BLOCKS}], got {num_gpu_blocks}"
             )
         n = num_gpu_blocks
-        # The facade says which vLLM line it serves (kvpool.v0_33 sets 33).
-        st = _Store(n, False, getattr(type(self), "_kvpool_line", 15) == 33)
+        cls = type(self)
+        st = _Store(n, False, cls._kvpool_line == 33)
+        self._count_null = bool(cls._kvpool_counts_null)
         st.owned = True
         st.pool = <PyObject *> self  # borrowed: cleared in __dealloc__
         # Block 0 is the null block: never in the queue.
@@ -1612,13 +1632,14 @@ cdef class PoolCore:
             if v33:
                 _free33(self, PySequence_Fast_ITEMS(seq) + idx, idx + 1, -1)
             else:
-                _free(self.st, PySequence_Fast_ITEMS(seq) + idx, idx + 1, -1)
+                _free(self.st, PySequence_Fast_ITEMS(seq) + idx, idx + 1, -1, self._count_null)
             return
         seq = PySequence_Fast(ordered_blocks, "ordered_blocks must be iterable")
         if v33:
             _free33(self, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq), 1)
         else:
-            _free(self.st, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq), 1)
+            _free(self.st, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq), 1,
+                  self._count_null)
 
     def _allocate(self, num_blocks, bint evict, list removed):
         return _allocate(self.st, num_blocks, evict, self._map, removed, self._by_block)
@@ -1712,6 +1733,8 @@ cdef class PoolCore:
         for j in range(n):
             i = (<KVCacheBlock> PySequence_Fast_GET_ITEM(seq, j))._idx
             if st.flags[i] & _NULL:
+                if self._count_null:
+                    st.ref_cnt[i] += 1  # never queued (checked above for overflow)
                 continue
             if st.prev[i] >= 0:
                 st.unlink(i)
@@ -1904,11 +1927,13 @@ cdef object self_ntok(_Store st, Py_ssize_t i):
     return None if st.ntok[i] == NTOK_NONE else st.ntok[i]
 
 
-cdef int _free(_Store st, PyObject **items, Py_ssize_t n, Py_ssize_t stride) except -1:
+cdef int _free(_Store st, PyObject **items, Py_ssize_t n, Py_ssize_t stride,
+               bint count_null) except -1:
     """free_blocks over ``items[0], items[stride], ...`` (``n`` of them), in
     one pass: check, decrement, and link the blocks reaching zero after the
     current last block (the tail is closed at the end). On a bad block
-    everything done so far is undone."""
+    everything done so far is undone. ``count_null``: the null block's
+    ``ref_cnt`` is decremented too (rule ``_kvpool_counts_null``)."""
     cdef Py_ssize_t j, i, done = 0, linked = 0
     cdef int32_t tail = <int32_t> (st.n + 1)
     cdef int32_t last0 = st.prev[tail], last = last0, k, nx
@@ -1935,6 +1960,11 @@ cdef int _free(_Store st, PyObject **items, Py_ssize_t n, Py_ssize_t stride) exc
                 st.prev[i] = last
                 last = <int32_t> i
                 linked += 1
+        elif count_null:
+            if st.ref_cnt[i] == NULL_REF_CNT_MIN:
+                problem = "underflow"
+                break
+            st.ref_cnt[i] -= 1
         done += 1
     if problem is not None:
         k = st.next[last0]
@@ -1946,7 +1976,7 @@ cdef int _free(_Store st, PyObject **items, Py_ssize_t n, Py_ssize_t stride) exc
         st.next[last0] = tail
         for j in range(done):
             i = (<KVCacheBlock> items[j * stride])._idx
-            if not (st.flags[i] & _NULL):
+            if count_null or not (st.flags[i] & _NULL):
                 st.ref_cnt[i] += 1
         _raise_free_error(st, <object> items[done * stride], problem)
     st.next[last] = tail
@@ -1974,6 +2004,8 @@ cdef int _raise_free_error(_Store st, object o, str problem) except -1:
     cdef KVCacheBlock b = <KVCacheBlock> o
     if problem == "twice":
         raise ValueError(f"block {b._bid} appears twice in one free_blocks call")
+    if problem == "underflow":
+        raise ValueError(f"the null block's ref_cnt would go below {NULL_REF_CNT_MIN}")
     raise ValueError(f"block {b._bid} is freed with ref_cnt 0 (double free?)")
 
 
@@ -2036,7 +2068,8 @@ cdef bint _evict33(_Store st, BlockHashToBlockMap cache, Py_ssize_t i,
 
 cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t stride) except -1:
     """vLLM 0.33's free_blocks over ``items[0], items[stride], ...``: null
-    blocks are skipped; blocks of another pool are handed to that pool's
+    blocks are skipped (rule ``_kvpool_counts_null``: this pool's loses a
+    reference, another pool's is handed to that pool); blocks of another pool are handed to that pool's
     ``free_blocks`` afterwards (grouped by pool, in order of appearance);
     this pool's blocks lose one reference per appearance (a block may appear
     as often as it holds references: vLLM frees the copy-on-write sources of
@@ -2047,7 +2080,7 @@ cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t strid
     changed nothing."""
     cdef _Store st = pool.st
     cdef Py_ssize_t j, i, done = 0
-    cdef bint caching = pool._caching
+    cdef bint caching = pool._caching, count_null = pool._count_null
     cdef int32_t head = <int32_t> st.n, tail = <int32_t> (st.n + 1)
     cdef int32_t f_first = -1, f_last = -1, l_first = -1, l_last = -1, p
     cdef Py_ssize_t nfirst = 0, nlast = 0
@@ -2061,7 +2094,7 @@ cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t strid
         if i < 0:
             i = _adopt(st, <object> o)  # vLLM: a block without a pool is this pool's
         if i < 0:
-            if not _null_elsewhere(<object> o):
+            if count_null or not _null_elsewhere(<object> o):
                 other = _pool_of(<object> o)
                 if other is None or other is pool:
                     bad = <object> o  # not this pool's block
@@ -2077,14 +2110,21 @@ cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t strid
                 bad = <object> o
                 break
             st.ref_cnt[i] -= 1
+        elif count_null:
+            if st.ref_cnt[i] == NULL_REF_CNT_MIN:
+                bad = <object> o
+                break
+            st.ref_cnt[i] -= 1
         done += 1
     if bad is not None:
         for j in range(done):
             i = _index_in_or_none(st, <object> items[j * stride])
-            if i >= 0 and not (st.flags[i] & _NULL):
+            if i >= 0 and (count_null or not (st.flags[i] & _NULL)):
                 st.ref_cnt[i] += 1
         if _index_in_or_none(st, bad) < 0:
             _index_in(st, bad)  # raises: not this pool's block
+        if st.flags[(<KVCacheBlock> bad)._idx] & _NULL:
+            raise ValueError(f"the null block's ref_cnt would go below {NULL_REF_CNT_MIN}")
         raise ValueError(f"block {(<KVCacheBlock> bad)._bid} is freed with ref_cnt 0 "
                          "(double free, or more appearances than references?)")
     # 2. Link the released blocks at their last appearance: walk backwards,

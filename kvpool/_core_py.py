@@ -44,6 +44,9 @@ __all__ = [
 
 _INT32_MIN = -(2**31)
 _INT32_MAX = 2**31 - 1
+# Lowest ref_cnt of a null block whose count is kept (_kvpool_counts_null),
+# as the compiled core's int32 allows.
+_NULL_REF_CNT_MIN = -_INT32_MAX
 # Two ids stay free for the compiled core's sentinels.
 _MAX_GPU_BLOCKS = 2**31 - 3
 _GROUP_ID_BYTES = 4  # as kvpool.hashing.GROUP_ID_BYTES
@@ -651,6 +654,22 @@ class PoolCore:
     other constructor arguments are the facade's and ignored here.
     """
 
+    # Rules in which vLLM releases differ, one class attribute each: a
+    # facade overrides the ones its release needs. They are read once, when
+    # a pool is built (changing them later has no effect). The compiled
+    # core's PoolCore has the same names and defaults.
+
+    #: 33: the 0.33-style store (several keys per block, partial entries,
+    #: token counts, ``block.pool``) and 0.33's free order, eviction and
+    #: cross-pool frees (the lines of vLLM 0.24 and later); 15: vLLM 0.15's.
+    _kvpool_line = 15
+    #: True: ``touch`` adds one to the null block's ``ref_cnt`` and
+    #: ``free_blocks`` takes one (it may go below 0; it is never checked or
+    #: queued), and on the 0.33-style store another pool's null block is
+    #: handed to its pool like its other blocks -- as vLLM does before 0.33.
+    #: False: the null block is skipped (vLLM 0.33).
+    _kvpool_counts_null = False
+
     def __new__(cls, num_gpu_blocks: int, *args: Any, **kwargs: Any) -> PoolCore:
         if isinstance(num_gpu_blocks, bool) or not isinstance(num_gpu_blocks, int):
             raise TypeError(f"num_gpu_blocks must be an int, got {type(num_gpu_blocks).__name__}")
@@ -660,8 +679,7 @@ class PoolCore:
             )
         self = super().__new__(cls)
         num_gpu_blocks = int(num_gpu_blocks)
-        # The facade says which vLLM line it serves (kvpool.v0_33 sets 33).
-        v33 = getattr(cls, "_kvpool_line", 15) == 33
+        v33 = cls._kvpool_line == 33
         if v33:
             # As vLLM 0.33, every block refers to its pool (a cycle the GC
             # collects; the compiled core keeps this reference borrowed).
@@ -669,6 +687,7 @@ class PoolCore:
         else:
             queue, blocks = FreeKVCacheBlockQueue._for_pool(num_gpu_blocks)
         self._v33 = v33
+        self._count_null = bool(cls._kvpool_counts_null)
         self.cached_block_hashes_by_block: dict[int, set[bytes]] = {}
         self._reuse_watchers: dict[int, Any] = {}
         null_block = queue.popleft()
@@ -892,6 +911,8 @@ class PoolCore:
         if self._v33:
             return self._free33(blocks)
         tok = self._tok
+        count_null = self._count_null
+        null_underflow = False
         # Checking pass. An accepted block's ref_cnt is negated as a "seen"
         # mark, so a repeat reads < 1 like a double free; no ref_cnt is
         # negative before the call, so every negative one is a mark.
@@ -901,6 +922,9 @@ class PoolCore:
                 if block._owner is not tok:  # another pool's null block too
                     break
                 if block._is_null:
+                    if count_null and block._ref_cnt == _NULL_REF_CNT_MIN:
+                        null_underflow = True
+                        break
                     continue
                 ref_cnt = block._ref_cnt
                 if ref_cnt < 1:
@@ -913,6 +937,8 @@ class PoolCore:
         finally:
             if not ok:
                 self._unmark_free(blocks)
+        if null_underflow:
+            raise ValueError(f"the null block's ref_cnt would go below {_NULL_REF_CNT_MIN}")
         if not ok:
             if self._queue._adopt(blocks):
                 return self.free_blocks(blocks)
@@ -923,6 +949,8 @@ class PoolCore:
         num_appended = 0
         for block in blocks:
             if block._is_null:
+                if count_null:
+                    block._ref_cnt -= 1
                 continue
             ref_cnt = -1 - block._ref_cnt
             block._ref_cnt = ref_cnt
@@ -981,8 +1009,11 @@ class PoolCore:
                 if block._ref_cnt > limit:
                     raise ValueError(f"touch(): block {block._block_id}: ref_cnt would overflow")
         num_removed = 0
+        count_null = self._count_null
         for block in blocks:
             if block._is_null:
+                if count_null:
+                    block._ref_cnt += 1  # never queued
                 continue
             prev = block._prev
             if prev is not tok:  # in the queue
@@ -1172,7 +1203,9 @@ class PoolCore:
         return any_removed
 
     def _free33(self, blocks: list[Any]) -> None:
-        """vLLM 0.33's free_blocks: null blocks skipped; another pool's blocks
+        """vLLM 0.33's free_blocks: null blocks skipped (rule
+        ``_kvpool_counts_null``: this pool's loses a reference, another
+        pool's is handed to that pool); another pool's blocks
         handed to that pool afterwards; one reference dropped per appearance
         (a block may appear as often as it holds references); blocks reaching
         0 go to the head if they have no hash (or caching is off), else to the
@@ -1183,10 +1216,11 @@ class PoolCore:
         done = 0
         bad = None
         adopt_one = self._queue._adopt_one
+        count_null = self._count_null
         for block in blocks:
             # vLLM: a block without a pool is this pool's.
             if getattr(block, "_owner", None) is not tok and not adopt_one(block):
-                if not getattr(block, "is_null", False):
+                if count_null or not getattr(block, "is_null", False):
                     if not hasattr(block, "block_id"):
                         bad = block
                         break
@@ -1200,16 +1234,25 @@ class PoolCore:
                     bad = block
                     break
                 block._ref_cnt -= 1
+            elif count_null:
+                if block._ref_cnt == _NULL_REF_CNT_MIN:
+                    bad = block
+                    break
+                block._ref_cnt -= 1
             done += 1
         if bad is not None:
             for block in blocks[:done]:
-                if getattr(block, "_owner", None) is tok and not block._is_null:
+                if getattr(block, "_owner", None) is tok and (count_null or not block._is_null):
                     block._ref_cnt += 1
             if not isinstance(bad, KVCacheBlock) and not hasattr(bad, "block_id"):
                 raise TypeError(
                     f"free_blocks(): expected a KVCacheBlock, got {type(bad).__name__}"
                 )
             _check_owned(bad, tok, "free_blocks()")
+            if bad._is_null:
+                raise ValueError(
+                    f"the null block's ref_cnt would go below {_NULL_REF_CNT_MIN}"
+                )
             raise ValueError(
                 f"free_blocks(): double free of block {bad._block_id} (ref_cnt is 0, or "
                 "more appearances than references)"

@@ -58,6 +58,35 @@ def take_events(self: Any) -> list[KVCacheEvent]:
     return events
 
 
+class NotInRelease:
+    """A name a line inherits from the newer line it is written over, but
+    that its vLLM release does not have (``unpin_blocks = NotInRelease()``):
+    reading it, on the class or a pool, raises ``AttributeError``, so
+    ``hasattr`` is False there as on that release's own pool."""
+
+    __slots__ = ("name",)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        owner = objtype if objtype is not None else type(obj)
+        raise AttributeError(f"{owner.__name__!r} object has no attribute {self.name!r}")
+
+
+def bind_facade(mixin: type, core: ModuleType, module: str) -> type:
+    """The ``BlockPool`` class of a line whose facade is written as ``mixin``
+    (a module-level class of facade methods), over ``core``'s ``PoolCore``:
+    ``class BlockPool(mixin, core.PoolCore)``, named as the line exports it
+    (``module.BlockPool``). ``_core`` is ``core``, for the facade's checks."""
+    return type(
+        "BlockPool",
+        (mixin, core.PoolCore),
+        {"__doc__": mixin.__doc__, "__module__": module, "__qualname__": "BlockPool",
+         "_core": core},
+    )
+
+
 def make_block_pool_class(core: ModuleType) -> type:
     """Build the ``BlockPool`` facade over ``core`` (compiled or pure Python)."""
 

@@ -100,6 +100,12 @@ VLLM_LINES = (
     # 0.15.0's and 0.16.0's block_pool, kv_cache_utils, kv_events and
     # kv_cache_metrics are byte-identical to 0.15.1's.
     VLLMLine("0.15", ("0.15.0", "0.15.1", "0.16.0"), "kvpool.v0_15"),
+    # 0.29-0.32: the 0.33 line minus what each later release added, one
+    # package per release (kvpool/v0_32 ... v0_29 say what differs).
+    VLLMLine("0.29", ("0.29.0",), "kvpool.v0_29"),
+    VLLMLine("0.30", ("0.30.0",), "kvpool.v0_30"),
+    VLLMLine("0.31", ("0.31.0",), "kvpool.v0_31"),
+    VLLMLine("0.32", ("0.32.0",), "kvpool.v0_32"),
     VLLMLine("0.33", ("0.33.0",), "kvpool.v0_33"),
 )
 
