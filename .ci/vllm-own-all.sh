@@ -52,16 +52,21 @@ fi
 
 summary=()
 failed=0
+# Wall time depends on what else the machine runs; the CPU time (user+sys of
+# every process of the release's runs) much less: both are reported.
+TIMEFORMAT='%U %S'
 for version in "${versions[@]}"; do
     echo "== vLLM $version: its own pool tests, stock and with kvpool"
     rc=0
-    bash "$here/vllm-own-tests.sh" "$version" "$python" "$repo" 2>&1 | tee "$tmp/own.log" || rc=$?
+    { time bash "$here/vllm-own-tests.sh" "$version" "$python" "$repo" 2>&1 | tee "$tmp/own.log"; } \
+        2> "$tmp/time" || rc=$?
     line=$(grep '^vllm-own-tests: ' "$tmp/own.log" | tail -n 1 || true)
     if [ "$rc" != 0 ]; then
         failed=1
         [ -n "$line" ] || line="vllm-own-tests: $version FAILED (exit $rc)"
     fi
-    summary+=("${line#vllm-own-tests: }")
+    cpu=$(awk '{printf "%d", $1 + $2}' "$tmp/time" 2> /dev/null || echo "?")
+    summary+=("${line#vllm-own-tests: } cpu=${cpu}s")
 done
 
 echo "== vLLM's own pool tests, $((SECONDS - started))s in all"

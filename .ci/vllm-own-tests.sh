@@ -122,10 +122,11 @@ run() {  # MODE: one pytest run, its JUnit XML and log in $work
     # in both runs alike, instead of trying the network.
     (cd "$tree" && PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
         KVPOOL_SWAP=$swap PYTHONPATH=$pythonpath "$python" -m pytest \
-        -p kvpool_swap -p no:cacheprovider -q --no-header -o addopts="" \
+        -p kvpool_swap -p no:cacheprovider -q -o addopts="" \
         --confcutdir="$tree/tests/v1/core" --junitxml="$work/$mode.xml" "${paths[@]}") \
         > "$work/$mode.log" 2>&1 || true
     echo "   vLLM $version's own tests, $mode: $(tail -n 1 "$work/$mode.log") ($((SECONDS - t0))s)"
+    grep -m 1 '^kvpool_swap: ' "$work/$mode.log" | cut -c 1-200 || true
 }
 
 if [ "$jobs" = 1 ]; then

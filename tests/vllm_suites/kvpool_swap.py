@@ -119,6 +119,11 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"kvpool_swap: {config._kvpool_swap}"
 
 
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: ANN001
+    # Also under -q, which drops the header: the log says which classes ran.
+    terminalreporter.write_line(f"kvpool_swap: {config._kvpool_swap}")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A module imported after the swap that kept one of vLLM's classes (bound
     # by a path the swap did not see) would mix the two pools: refuse.
