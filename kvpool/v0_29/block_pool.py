@@ -31,25 +31,10 @@ __all__ = ["BlockPoolMixin", "make_block_pool_class"]
 
 
 class BlockPoolMixin(_v0_30.BlockPoolMixin):
-    """Manages a pool of KV-cache blocks: allocation, freeing, the prefix
-    cache (full and partial-block entries) and its LRU eviction.
-    Drop-in compatible with vLLM 0.29.0's ``vllm.v1.core.block_pool.BlockPool``.
-
-    Args:
-        num_gpu_blocks: number of blocks (ids ``0..n-1``); block 0 becomes
-            the ``null_block`` placeholder.
-        enable_caching: prefix caching on (freed blocks keep their hashes
-            and are evicted in LRU order).
-        hash_block_size: the block size the request's block hashes were
-            computed at; a group's block size may be a multiple of it.
-        enable_kv_cache_events: queue KV-cache events for ``take_events()``.
-        metrics_collector: optional sampled residency metrics.
-
-    Misuse (a double free, a foreign block, too many blocks requested, a
-    hash set twice) raises ``ValueError``/``RuntimeError``/``TypeError``
-    and leaves the pool as it was, also under ``python -O``, where vLLM
-    asserts.
-    """
+    """Drop-in for vLLM 0.29.0's ``vllm.v1.core.block_pool.BlockPool``: the
+    0.30 pool (``kvpool.v0_30.BlockPool``) without ``medium``,
+    ``unpin_blocks``, ``cache_partial_block(replace_existing_hashes=)`` and
+    the events' ``session_id``."""
 
     _BlockStored: type = BlockStored
     _event_medium = MEDIUM_GPU

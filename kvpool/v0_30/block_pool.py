@@ -21,7 +21,9 @@ __all__ = ["BlockPoolMixin", "make_block_pool_class"]
 
 
 class BlockPoolMixin(_v0_31.BlockPoolMixin):
-    __doc__ = (_v0_31.BlockPoolMixin.__doc__ or "").replace("0.31.0", "0.30.0")
+    """Drop-in for vLLM 0.30.0's ``vllm.v1.core.block_pool.BlockPool``: the
+    0.31 pool (``kvpool.v0_31.BlockPool``) with 0.30's partial-block
+    event."""
 
     def _partial_block_mm_idx(self, request: Any, start: int, end: int) -> int:
         # -1: from the last item.

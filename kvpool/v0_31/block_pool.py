@@ -22,7 +22,9 @@ __all__ = ["BlockPoolMixin", "make_block_pool_class"]
 
 
 class BlockPoolMixin(_v0_32.BlockPoolMixin):
-    __doc__ = (_v0_32.BlockPoolMixin.__doc__ or "").replace("0.32.0", "0.31.0")
+    """Drop-in for vLLM 0.31.0's ``vllm.v1.core.block_pool.BlockPool``: the
+    0.32 pool (``kvpool.v0_32.BlockPool``) with 0.31's stricter
+    ``cache_partial_block``."""
 
     def _check_partial_block_args(
         self, num_tokens: int, block_size: int, replace_existing_hashes: bool

@@ -18,69 +18,12 @@ which 0.32 does not have).
 from __future__ import annotations
 
 from .. import CORE as _CORE
-from ..metrics import BlockMetricsState, KVCacheEvictionEvent, KVCacheMetricsCollector
-from ..v0_33 import block_class
-from ..v0_33.kv_cache_utils import (
-    BlockHash,
-    BlockHashList,
-    BlockHashListWithBlockSize,
-    BlockHashWithGroupId,
-    ExternalBlockHash,
-    generate_block_hash_extra_keys,
-    get_block_hash,
-    get_group_id,
-    make_block_hash_with_group_id,
-    maybe_convert_block_hash,
-    resolve_block_hashes,
-    to_event_extra_keys,
-)
+from ..v0_33 import *  # noqa: F403 - the 0.33 line's names; 0.32's are set below
+from ..v0_33 import __all__ as _all_0_33
 from .block_pool import make_block_pool_class
-from .kv_events import (
-    MEDIUM_CPU,
-    MEDIUM_GPU,
-    MEDIUM_STORAGE,
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    EventBatch,
-    KVCacheEvent,
-    KVEventBatch,
-)
+from .kv_events import BlockStored, KVEventBatch
 
-KVCacheBlock = _CORE.KVCacheBlock33
-FreeKVCacheBlockQueue = _CORE.FreeKVCacheBlockQueue
-BlockHashToBlockMap = _CORE.BlockHashToBlockMap
 BlockPool = make_block_pool_class(_CORE)
 
-__all__ = [
-    "KVCacheBlock",
-    "FreeKVCacheBlockQueue",
-    "BlockHashToBlockMap",
-    "BlockPool",
-    "KVCacheMetricsCollector",
-    "BlockMetricsState",
-    "KVCacheEvictionEvent",
-    "KVCacheEvent",
-    "BlockStored",
-    "BlockRemoved",
-    "AllBlocksCleared",
-    "EventBatch",
-    "KVEventBatch",
-    "MEDIUM_GPU",
-    "MEDIUM_CPU",
-    "MEDIUM_STORAGE",
-    "BlockHash",
-    "BlockHashWithGroupId",
-    "ExternalBlockHash",
-    "BlockHashList",
-    "make_block_hash_with_group_id",
-    "get_block_hash",
-    "get_group_id",
-    "maybe_convert_block_hash",
-    "BlockHashListWithBlockSize",
-    "resolve_block_hashes",
-    "generate_block_hash_extra_keys",
-    "to_event_extra_keys",
-    "make_block_pool_class",
-    "block_class",
-]
+del generate_lookahead_block_hash_extra_keys  # noqa: F821 - new in 0.33
+__all__ = [name for name in _all_0_33 if name != "generate_lookahead_block_hash_extra_keys"]

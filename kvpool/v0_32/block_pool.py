@@ -15,7 +15,7 @@ What vLLM 0.32.0's pool does differently from 0.33.0's, and nothing else:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
@@ -29,26 +29,10 @@ __all__ = ["BlockPoolMixin", "make_block_pool_class"]
 
 
 class BlockPoolMixin(_v0_33.BlockPoolMixin):
-    """Manages a pool of KV-cache blocks: allocation, freeing, the prefix
-    cache (full and partial-block entries) and its LRU eviction.
-    Drop-in compatible with vLLM 0.32.0's ``vllm.v1.core.block_pool.BlockPool``.
-
-    Args:
-        num_gpu_blocks: number of blocks (ids ``0..n-1``); block 0 becomes
-            the ``null_block`` placeholder.
-        enable_caching: prefix caching on (freed blocks keep their hashes
-            and are evicted in LRU order).
-        hash_block_size: the block size the request's block hashes were
-            computed at; a group's block size may be a multiple of it.
-        enable_kv_cache_events: queue KV-cache events for ``take_events()``.
-        metrics_collector: optional sampled residency metrics.
-        medium: the storage medium named in the events.
-
-    Misuse (a double free, a foreign block, too many blocks requested, a
-    hash set twice) raises ``ValueError``/``RuntimeError``/``TypeError``
-    and leaves the pool as it was, also under ``python -O``, where vLLM
-    asserts.
-    """
+    """Drop-in for vLLM 0.32.0's ``vllm.v1.core.block_pool.BlockPool``: the
+    0.33 pool (``kvpool.v0_33.BlockPool``, whose docstring says what each
+    argument is and how misuse is refused) without
+    ``num_hash_lookahead_tokens``, and with the null block counted."""
 
     _kvpool_counts_null = True
     _BlockStored: type = BlockStored
@@ -74,7 +58,7 @@ class BlockPoolMixin(_v0_33.BlockPoolMixin):
     ) -> tuple[tuple[Any, ...] | None, int]:
         return generate_block_hash_extra_keys(request, start, end, start_mm_idx)
 
-    def _event_lookahead(self, request: Any, block_ends: Sequence[int]) -> None:
+    def _event_lookahead(self, request: Any, block_ends: Iterable[int]) -> None:
         return None
 
     def _build_block_stored_event(

@@ -205,8 +205,9 @@ class BlockPoolMixin(_PoolCoreBase):
                 block_size=block_size,
                 kv_cache_group_id=kv_cache_group_id,
                 extra_keys_list=self._event_extra_keys(request, stored_indices, block_size),
+                # A generator: no per-block work unless lookahead is on.
                 lookahead_token_ids=self._event_lookahead(
-                    request, [(i + 1) * block_size for i in stored_indices]
+                    request, ((i + 1) * block_size for i in stored_indices)
                 ),
             )
         )
@@ -235,7 +236,7 @@ class BlockPoolMixin(_PoolCoreBase):
             keys_list.append(keys)
         return keys_list
 
-    def _event_lookahead(self, request: Any, block_ends: Sequence[int]) -> list[list[int]] | None:
+    def _event_lookahead(self, request: Any, block_ends: Iterable[int]) -> list[list[int]] | None:
         """Per block (by its end token), the tokens after it that its hash
         covers; None when lookahead hashing is off."""
         n = self.num_hash_lookahead_tokens
