@@ -92,6 +92,7 @@ cdef class PoolCore:
     cdef bint _caching
     cdef bint _events
     cdef bint _count_null         # rule _kvpool_counts_null (see PoolCore)
+    cdef int _free_off            # rule _kvpool_free_caching_off (see PoolCore)
     cdef dict _by_block           # 0.33: block_id -> its further hash keys
     cdef dict _watchers           # 0.33: block_id -> reuse watcher
     cdef BlockHashToBlockMap _map

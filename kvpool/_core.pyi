@@ -77,6 +77,10 @@ class PoolCore:
     #: ``touch``/``free_blocks`` count the null block's ``ref_cnt``, and
     #: another pool's null block is freed by its pool (vLLM before 0.33).
     _kvpool_counts_null: ClassVar[bool]
+    #: Where ``free_blocks`` (0.33-style store) puts a block released while
+    #: caching is off: "front" (vLLM 0.28+), "back" (0.27.x) or "by_hash"
+    #: (0.24-0.26: in front unless it has a hash).
+    _kvpool_free_caching_off: ClassVar[str]
 
     def __init__(self, num_gpu_blocks: int, *args: Any, **kwargs: Any) -> None: ...
     @property

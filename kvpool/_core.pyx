@@ -52,6 +52,15 @@ cdef enum:
     _NULL = 1       # the pool's null block
     _ADOPTED = 2    # a stand-alone block this store adopted (its `pool` stays None)
 
+# Rule _kvpool_free_caching_off (see PoolCore): the codes of
+# kvpool._rules.FREE_CACHING_OFF, which checks the names for both cores.
+cdef enum:
+    _FREE_OFF_FRONT = 0
+    _FREE_OFF_BY_HASH = 1
+    _FREE_OFF_BACK = 2
+
+from kvpool._rules import free_caching_off_rule as _free_caching_off_rule
+
 DEF GROUP_ID_BYTES = 4
 # ``block_hash_num_tokens`` of a block without one (vLLM's None).
 cdef int64_t NTOK_NONE = INT64_MIN
@@ -1349,6 +1358,12 @@ cdef class PoolCore:
     #: handed to its pool like its other blocks -- as vLLM does before 0.33.
     #: False: the null block is skipped (vLLM 0.33).
     _kvpool_counts_null = False
+    #: Where the 0.33-style ``free_blocks`` puts a block released while
+    #: caching is off: "front" (vLLM 0.28 and later: LIFO reuse, for GPU
+    #: locality), "back" (0.27.x) or "by_hash" (0.24-0.26: caching is not
+    #: looked at; in front unless the block has a hash). With caching on,
+    #: a block goes in front iff it has no hash, in every line.
+    _kvpool_free_caching_off = "front"
 
     def __cinit__(self, num_gpu_blocks, *args, **kwargs):
         cdef Py_ssize_t n, i
@@ -1364,6 +1379,7 @@ cdef class PoolCore:
         cls = type(self)
         st = _Store(n, False, cls._kvpool_line == 33)
         self._count_null = bool(cls._kvpool_counts_null)
+        self._free_off = _free_caching_off_rule(cls)
         st.owned = True
         st.pool = <PyObject *> self  # borrowed: cleared in __dealloc__
         # Block 0 is the null block: never in the queue.
@@ -2080,7 +2096,11 @@ cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t strid
     changed nothing."""
     cdef _Store st = pool.st
     cdef Py_ssize_t j, i, done = 0
-    cdef bint caching = pool._caching, count_null = pool._count_null
+    cdef bint count_null = pool._count_null
+    # Which released blocks go in front: those without a hash (`by_hash`) or,
+    # with caching off and not by hash, all of them or none.
+    cdef bint by_hash = pool._caching or pool._free_off == _FREE_OFF_BY_HASH
+    cdef bint all_first = pool._free_off == _FREE_OFF_FRONT
     cdef int32_t head = <int32_t> st.n, tail = <int32_t> (st.n + 1)
     cdef int32_t f_first = -1, f_last = -1, l_first = -1, l_last = -1, p
     cdef Py_ssize_t nfirst = 0, nlast = 0
@@ -2136,7 +2156,7 @@ cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t strid
         i = _index_in_or_none(st, <object> items[j * stride])
         if i < 0 or st.flags[i] & _NULL or st.ref_cnt[i] != 0 or st.prev[i] >= 0:
             continue
-        if st.hash[i] == NULL or not caching:
+        if (st.hash[i] == NULL) if by_hash else all_first:
             if nfirst:
                 st.prev[f_first] = <int32_t> i
                 st.next[i] = f_first

@@ -34,6 +34,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any
 
+from ._rules import FREE_CACHING_OFF as _FREE_CACHING_OFF
+from ._rules import free_caching_off_rule as _free_caching_off_rule
+
 __all__ = [
     "KVCacheBlock",
     "KVCacheBlock33",
@@ -669,6 +672,12 @@ class PoolCore:
     #: handed to its pool like its other blocks -- as vLLM does before 0.33.
     #: False: the null block is skipped (vLLM 0.33).
     _kvpool_counts_null = False
+    #: Where the 0.33-style ``free_blocks`` puts a block released while
+    #: caching is off: "front" (vLLM 0.28 and later: LIFO reuse, for GPU
+    #: locality), "back" (0.27.x) or "by_hash" (0.24-0.26: caching is not
+    #: looked at; in front unless the block has a hash). With caching on,
+    #: a block goes in front iff it has no hash, in every line.
+    _kvpool_free_caching_off = "front"
 
     def __new__(cls, num_gpu_blocks: int, *args: Any, **kwargs: Any) -> PoolCore:
         if isinstance(num_gpu_blocks, bool) or not isinstance(num_gpu_blocks, int):
@@ -688,6 +697,7 @@ class PoolCore:
             queue, blocks = FreeKVCacheBlockQueue._for_pool(num_gpu_blocks)
         self._v33 = v33
         self._count_null = bool(cls._kvpool_counts_null)
+        self._free_off = _free_caching_off_rule(cls)
         self.cached_block_hashes_by_block: dict[int, set[bytes]] = {}
         self._reuse_watchers: dict[int, Any] = {}
         null_block = queue.popleft()
@@ -1257,7 +1267,11 @@ class PoolCore:
                 f"free_blocks(): double free of block {bad._block_id} (ref_cnt is 0, or "
                 "more appearances than references)"
             )
-        caching = self.enable_caching
+        # Which released blocks go in front: those without a hash (`by_hash`)
+        # or, with caching off and not by hash, all of them or none.
+        off = self._free_off
+        by_hash = bool(self.enable_caching) or off == _FREE_CACHING_OFF["by_hash"]
+        all_first = off == _FREE_CACHING_OFF["front"]
         first: list[KVCacheBlock] = []
         last: list[KVCacheBlock] = []
         seen: set[int] = set()
@@ -1267,7 +1281,8 @@ class PoolCore:
             # A block queued already (its ref_cnt written from outside) stays put.
             if block._ref_cnt == 0 and block._prev is tok and id(block) not in seen:
                 seen.add(id(block))
-                (first if block._hash is None or not caching else last).append(block)
+                to_front = block._hash is None if by_hash else all_first
+                (first if to_front else last).append(block)
         first.reverse()
         last.reverse()
         queue = self._queue

@@ -100,6 +100,13 @@ VLLM_LINES = (
     # 0.15.0's and 0.16.0's block_pool, kv_cache_utils, kv_events and
     # kv_cache_metrics are byte-identical to 0.15.1's.
     VLLMLine("0.15", ("0.15.0", "0.15.1", "0.16.0"), "kvpool.v0_15"),
+    # 0.24-0.28: each the next newer line minus what it changed
+    # (docs/lines-0.24-0.28.md). 0.24.0, 0.25.0 and 0.25.1 have
+    # byte-identical pool files, as have 0.27.0 and 0.27.1.
+    VLLMLine("0.24", ("0.24.0", "0.25.0", "0.25.1"), "kvpool.v0_24"),
+    VLLMLine("0.26", ("0.26.0",), "kvpool.v0_26"),
+    VLLMLine("0.27", ("0.27.0", "0.27.1"), "kvpool.v0_27"),
+    VLLMLine("0.28", ("0.28.0",), "kvpool.v0_28"),
     # 0.29-0.32: the 0.33 line minus what each later release added, one
     # package per release (kvpool/v0_32 ... v0_29 say what differs).
     VLLMLine("0.29", ("0.29.0",), "kvpool.v0_29"),
