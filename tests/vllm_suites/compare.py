@@ -6,7 +6,8 @@ with the safety property it protects.
 
 usage: python compare.py VERSION STOCK.xml [SWAPPED.xml]
 Exit status 0 when the rule holds; 1 otherwise (the offending tests are
-listed). A listed exception that passes with kvpool, or fails with it for
+listed). A listed exception (exceptions.txt: one release or a range of them)
+that passes with kvpool, or fails with it for
 another reason than the one listed, is reported (the list must stay short
 and true) and fails the run too. Without SWAPPED.xml it only
 counts what passes stock. The last line is a one-line summary
@@ -72,18 +73,29 @@ def report_stock_failures(stock: dict[str, str], stock_xml: str) -> int:
     return len(hub)
 
 
+def _release(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+def applies(releases: str, version: str) -> bool:
+    """Whether an exceptions.txt entry for ``releases`` (``0.25.0``, or the
+    inclusive range ``0.25.0..0.33.0``) covers ``version``."""
+    first, _, last = releases.partition("..")
+    return _release(first) <= _release(version) <= _release(last or first)
+
+
 def exceptions(version: str) -> dict[str, tuple[str, str]]:
     """test id -> (what its failure with kvpool says, the property it protects)
-    from the ``VERSION TEST-ID -- FAILURE -- PROPERTY`` lines of exceptions.txt
-    for ``version``."""
+    from the ``RELEASES TEST-ID -- FAILURE -- PROPERTY`` lines of
+    exceptions.txt that cover ``version``."""
     listed = {}
     for line in (HERE / "exceptions.txt").read_text().splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         head, expected, reason = (part.strip() for part in line.split(" -- ", 2))
-        release, test_id = head.split(maxsplit=1)
-        if release == version:
+        releases, test_id = head.split(maxsplit=1)
+        if applies(releases, version):
             listed[test_id.strip()] = (expected, reason)
     return listed
 
@@ -113,7 +125,9 @@ def main(version: str, stock_xml: str, swapped_xml: str | None = None) -> int:
           f"with vLLM's pool, {len(passed_kvpool)} with kvpool's; the difference: "
           f"{len(lost)} test(s), {len(lost) - len(unexplained)} of them listed exceptions")
     for t in lost:
-        print(f"   exception: {t}  -- {listed[t][1] if t in listed else 'NOT LISTED'}")
+        said = texts[t].strip().splitlines()[0][:200] if texts.get(t) else "?"
+        print(f"   exception: {t}  -- "
+              + (listed[t][1] if t in listed else f"NOT LISTED; with kvpool: {said}"))
     hub = report_stock_failures(stock, stock_xml)
     gained = sorted(passed_kvpool - passed_stock)
     if gained:
