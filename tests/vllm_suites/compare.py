@@ -7,10 +7,9 @@ with the safety property it protects.
 usage: python compare.py VERSION STOCK.xml [SWAPPED.xml]
 Exit status 0 when the rule holds; 1 otherwise (the offending tests are
 listed). A listed exception (exceptions.txt: one release or a range of them)
-that passes with kvpool, or fails with it for
-another reason than the one listed, is reported (the list must stay short
-and true) and fails the run too. Without SWAPPED.xml it only
-counts what passes stock. The last line is a one-line summary
+that passes with kvpool, or fails with it for another reason than the one
+listed, is reported (the list must stay short and true) and fails the run
+too. Without SWAPPED.xml it only counts what passes stock. The last line is a one-line summary
 (``summary: tests=... stock=... kvpool=... exceptions=...: rule holds``).
 """
 
