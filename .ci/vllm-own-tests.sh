@@ -8,7 +8,7 @@
 # (tests/vllm_suites/exceptions.txt), and every listed exception still holds.
 #
 # usage: .ci/vllm-own-tests.sh VERSION PYTHON [REPO]
-#   VERSION  a release with a suite below (0.16.0 ... 0.33.0).
+#   VERSION  a release with a suite below (0.16.0 ... 0.33.0; 0.15.x has no tests).
 #   PYTHON   an interpreter in which the release's scheduler side imports
 #            with the release's tree first on PYTHONPATH, and kvpool imports
 #            (installed, or on the caller's PYTHONPATH): the vLLM 0.33.0
@@ -38,12 +38,15 @@ modes=${KVPOOL_OWN_MODES:-stock kvpool}
 jobs=${KVPOOL_OWN_JOBS:-2}
 started=$SECONDS
 
-# The pool-related test files of each release, under tests/v1/core: the
-# pool, its blocks, queue and map (test_prefix_caching, test_kv_cache_utils),
-# the managers that drive it (test_single_type_kv_cache_manager, and from
-# 0.25 deferred frees and partial-block hashes; from 0.27 the partial-hit
-# search, SWA frees in flight, Mamba chunk alignment; from 0.29 the packed
-# layout's managers, from 0.32 Mamba/EAGLE checkpoints) and its metrics.
+# The pool-related test files of each release 0.16.0-0.33.0 (0.15.x has no
+# sdist, so no tests), under tests/v1/core: the pool, its blocks, queue and
+# map (test_prefix_caching, test_kv_cache_utils), the managers that drive it
+# (test_single_type_kv_cache_manager; from 0.24 deferred frees and
+# partial-block hashes; from 0.26 the partial-hit search and SWA frees in
+# flight; from 0.27 Mamba chunk alignment; from 0.29 the packed layout's
+# managers; from 0.30 Mamba/EAGLE checkpoints) and its metrics. Each file
+# is listed from the first release that has it (and, for
+# test_contiguous_kv_packing, builds a manager in it).
 # Left out, with vLLM's pool too they need what this run does not have:
 #   test_scheduler.py, test_async_scheduler.py, test_priority_*.py,
 #   test_worker_slot_overflow.py, test_prefix_replay.py: every scheduler is
@@ -57,16 +60,17 @@ started=$SECONDS
 #   and test_contiguous_kv_packing.py before 0.29: no pool in them.
 # Within the listed files, the tests that build a model config from a hub fail
 # stock too (offline) and are out of scope: compare.py counts them.
-base="test_prefix_caching.py test_kv_cache_utils.py test_single_type_kv_cache_manager.py test_kv_cache_metrics.py"
-g7="$base test_deferred_block_free.py prefix_cache/test_partial_prefix_cache_primitives.py"
-g8="$g7 prefix_cache/test_partial_prefix_cache_hits.py test_swa_inflight_window_free.py test_mamba_align_chunk_split.py"
-g9="$g8 test_contiguous_kv_packing.py"
+files="test_prefix_caching.py test_kv_cache_utils.py test_single_type_kv_cache_manager.py test_kv_cache_metrics.py"
 case "$version" in
-    0.16.0 | 0.17.1 | 0.19.1 | 0.21.0 | 0.22.1 | 0.23.0) files=$base ;;
-    0.25.1) files=$g7 ;;
-    0.27.1 | 0.28.0) files=$g8 ;;
-    0.29.0) files=$g9 ;;
-    0.32.0 | 0.33.0) files="$g9 prefix_cache/test_mamba_eagle_resume_checkpoint.py" ;;
+    0.16.* | 0.17.* | 0.18.* | 0.19.* | 0.2[0-3].*) ;;
+    0.2[4-9].* | 0.3[0-3].*)
+        files="$files test_deferred_block_free.py prefix_cache/test_partial_prefix_cache_primitives.py" ;;&
+    0.2[6-9].* | 0.3[0-3].*)
+        files="$files prefix_cache/test_partial_prefix_cache_hits.py test_swa_inflight_window_free.py" ;;&
+    0.2[7-9].* | 0.3[0-3].*) files="$files test_mamba_align_chunk_split.py" ;;&
+    0.29.* | 0.3[0-3].*) files="$files test_contiguous_kv_packing.py" ;;&
+    0.3[0-3].*) files="$files prefix_cache/test_mamba_eagle_resume_checkpoint.py" ;;&
+    0.1[6-9].* | 0.2[0-9].* | 0.3[0-3].*) ;;
     *) echo "!!!!! vllm-own-tests: no suite for vLLM '$version' !!!!!" >&2; exit 2 ;;
 esac
 nfiles=$(wc -w <<< "$files")
@@ -107,7 +111,13 @@ if [ "$found" != "$version" ]; then
 fi
 
 paths=()
-for f in $files; do paths+=("tests/v1/core/$f"); done
+for f in $files; do
+    if [ ! -f "$tree/tests/v1/core/$f" ]; then
+        echo "!!!!! vllm-own-tests: vLLM $version has no tests/v1/core/$f !!!!!" >&2
+        exit 1
+    fi
+    paths+=("tests/v1/core/$f")
+done
 work=$(mktemp -d "${TMPDIR:-/tmp}/kvpool-vllm-own.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
