@@ -119,9 +119,30 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"kvpool_swap: {config._kvpool_swap}"
 
 
+def _vllm_subclasses(originals: dict[str, object]) -> list[str]:
+    """vLLM's own subclasses of its original classes that were loaded (e.g.
+    0.30's ``hisparse.block_pool.SharedEventQueueBlockPool(BlockPool)``):
+    a rebinding cannot reach them, so they stay vLLM's pool, over kvpool's
+    blocks."""
+    found, todo = [], [cls for cls in originals.values() if isinstance(cls, type)]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            todo.append(sub)
+            if sub.__module__.startswith("vllm"):
+                found.append(f"{sub.__module__}.{sub.__qualname__}")
+    return sorted(set(found))
+
+
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: ANN001
     # Also under -q, which drops the header: the log says which classes ran.
     terminalreporter.write_line(f"kvpool_swap: {config._kvpool_swap}")
+    originals = getattr(config, "_kvpool_originals", None)
+    subclasses = _vllm_subclasses(originals) if originals is not None else []
+    if subclasses:
+        terminalreporter.write_line(
+            "kvpool_swap: vLLM's own subclasses of its classes, not swapped (vLLM's code "
+            "over kvpool's blocks): " + ", ".join(subclasses)
+        )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
