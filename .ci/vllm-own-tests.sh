@@ -1,16 +1,32 @@
 #!/usr/bin/env bash
-# Run vLLM's own pool tests, from the release's source distribution, twice in
-# a vLLM environment: with vLLM's classes (stock) and with kvpool's put in
-# their place (tests/vllm_suites/kvpool_swap.py), then check the rule of the
-# docs/vllm-integration.md, "vLLM's own tests" (tests/vllm_suites/compare.py): every test
-# that passes stock passes with kvpool, but for the listed exceptions.
+# Run vLLM's own pool tests, from the release's source distribution, twice:
+# with vLLM's classes (stock) and with kvpool's put in their place by the
+# pytest plugin tests/vllm_suites/kvpool_swap.py (the pool of the release's
+# kvpool line, kvpool.vllm.vllm_line), then check the rule of
+# docs/compatibility.md (tests/vllm_suites/compare.py): every test that
+# passes stock passes with kvpool, but for the listed exceptions
+# (tests/vllm_suites/exceptions.txt), and every listed exception still holds.
 #
 # usage: .ci/vllm-own-tests.sh VERSION PYTHON [REPO]
-#   VERSION  0.16.0 or 0.33.0; PYTHON: the environment's interpreter, with
-#   kvpool installed. The sdist is pinned by checksum
-#   (tests/vllm_suites/SHA256SUMS) and cached in ${KVPOOL_PYPI_CACHE:-~/.cache/kvpool/pypi}
-#   by .ci/pypi-fetch.py. No network, or a file that differs from its pin:
-#   a loud failure.
+#   VERSION  a release with a suite below (0.16.0 ... 0.33.0; 0.15.x has no tests).
+#   PYTHON   an interpreter in which the release's scheduler side imports
+#            with the release's tree first on PYTHONPATH, and kvpool imports
+#            (installed, or on the caller's PYTHONPATH): the vLLM 0.33.0
+#            environment serves every release (.ci/vllm-env.sh --vllm 0.33.0).
+# The release's tree (vllm/ and tests/) is the one .ci/vllm-src.sh keeps,
+# pinned by checksum (tests/vllm_suites/SHA256SUMS); it is only read.
+# Environment:
+#   KVPOOL_OWN_SKIP_MISSING=1  a release without a kvpool line is skipped
+#                              (said loudly) instead of failing.
+#   KVPOOL_OWN_MODES           "stock kvpool" (default), or "stock" alone to
+#                              see what passes with vLLM's own pool.
+#   KVPOOL_OWN_JOBS            2 (default): the stock and kvpool runs at the
+#                              same time; 1: one after the other.
+#   KVPOOL_OWN_RESULTS=DIR     keep each run's log and JUnit XML there
+#                              (DIR/VERSION-MODE.log, .xml).
+# The last line of the output is one summary line: the release, its number
+# of test files and tests, how many pass stock and with kvpool, the listed
+# exceptions, the time, and whether the rule holds.
 set -euo pipefail
 
 version=${1:?usage: .ci/vllm-own-tests.sh VERSION PYTHON [REPO]}
@@ -18,55 +34,139 @@ python=${2:?usage: .ci/vllm-own-tests.sh VERSION PYTHON [REPO]}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "${3:-$(dirname "$here")}" && pwd)
 suites=$repo/tests/vllm_suites
-sdist=vllm-$version.tar.gz
+modes=${KVPOOL_OWN_MODES:-stock kvpool}
+jobs=${KVPOOL_OWN_JOBS:-2}
+started=$SECONDS
 
-# The pool-related test files of each release (tests that need a served
-# model are left out: tests/v1/core/prefix_cache/test_hybrid_prefix_cache_hit_rate.py).
-# What is extracted: 0.16.0's tests/conftest.py imports vLLM's server
-# stack, which these tests do not need, so only tests/v1/core; 0.33.0's
-# tests import helpers from elsewhere in tests/, so all of it.
+# The pool-related test files of each release 0.16.0-0.33.0 (0.15.x has no
+# sdist, so no tests), under tests/v1/core: the pool, its blocks, queue and
+# map (test_prefix_caching, test_kv_cache_utils), the managers that drive it
+# (test_single_type_kv_cache_manager; from 0.24 deferred frees and
+# partial-block hashes; from 0.26 the partial-hit search and SWA frees in
+# flight; from 0.27 Mamba chunk alignment; from 0.29 the packed layout's
+# managers; from 0.30 Mamba/EAGLE checkpoints) and its metrics. Each file
+# is listed from the first release that has it (and, for
+# test_contiguous_kv_packing, builds a manager in it).
+# Left out, with vLLM's pool too they need what this run does not have:
+#   test_scheduler.py, test_async_scheduler.py, test_priority_*.py,
+#   test_worker_slot_overflow.py, test_prefix_replay.py: every scheduler is
+#     built from facebook/opt-125m's config (tests/v1/core/utils.py,
+#     create_scheduler), which is fetched from a hub: offline, 0.33.0's 327
+#     such tests fail stock but 5 (measured, 165 s);
+#   test_scheduler_e2e.py, test_reset_prefix_cache_e2e.py,
+#   prefix_cache/test_hybrid_prefix_cache_hit_rate.py: serve a model;
+#   test_kv_sharing.py, test_kv_cache_planning.py, test_kv_cache_config_builder.py,
+#   test_encoder_cache_manager.py, test_output.py, test_repetition_detection.py,
+#   and test_contiguous_kv_packing.py before 0.29: no pool in them.
+# Within the listed files, the tests that build a model config from a hub fail
+# stock too (offline) and are out of scope: compare.py counts them.
+files="test_prefix_caching.py test_kv_cache_utils.py test_single_type_kv_cache_manager.py test_kv_cache_metrics.py"
 case "$version" in
-    0.16.0) extract="vllm-$version/tests/v1/core"
-        files="test_prefix_caching.py test_kv_cache_utils.py test_single_type_kv_cache_manager.py test_kv_cache_metrics.py" ;;
-    0.33.0) extract="vllm-$version/tests"
-        files="test_prefix_caching.py test_kv_cache_utils.py test_single_type_kv_cache_manager.py test_kv_cache_metrics.py test_deferred_block_free.py prefix_cache/test_partial_prefix_cache_hits.py prefix_cache/test_partial_prefix_cache_primitives.py prefix_cache/test_mamba_eagle_resume_checkpoint.py" ;;
-    *) echo "vllm-own-tests: no suite for vLLM '$version'" >&2; exit 2 ;;
+    0.16.* | 0.17.* | 0.18.* | 0.19.* | 0.2[0-3].*) ;;
+    0.2[4-9].* | 0.3[0-3].*)
+        files="$files test_deferred_block_free.py prefix_cache/test_partial_prefix_cache_primitives.py" ;;&
+    0.2[6-9].* | 0.3[0-3].*)
+        files="$files prefix_cache/test_partial_prefix_cache_hits.py test_swa_inflight_window_free.py" ;;&
+    0.2[7-9].* | 0.3[0-3].*) files="$files test_mamba_align_chunk_split.py" ;;&
+    0.29.* | 0.3[0-3].*) files="$files test_contiguous_kv_packing.py" ;;&
+    0.3[0-3].*) files="$files prefix_cache/test_mamba_eagle_resume_checkpoint.py" ;;&
+    0.1[6-9].* | 0.2[0-9].* | 0.3[0-3].*) ;;
+    *) echo "!!!!! vllm-own-tests: no suite for vLLM '$version' !!!!!" >&2; exit 2 ;;
 esac
+nfiles=$(wc -w <<< "$files")
 
-# pypi-fetch.py looks the sdist up as pip would and downloads it with pip's
-# own session, without running vLLM's build (which `pip download` of an sdist
-# does, and which cannot run here); it checks the pin and fails loudly.
-sdist_path=$("$python" "$here/pypi-fetch.py" --pins "$suites/SHA256SUMS" "vllm==$version" sdist) || {
-    echo "!!!!! vllm-own-tests: could not fetch $sdist !!!!!" >&2
-    exit 1
+summary() {  # the last line of the output, for .ci/vllm-own-all.sh
+    echo "vllm-own-tests: $version files=$nfiles $* time=$((SECONDS - started))s"
 }
 
+# No kvpool line for the release: a loud failure (or, when told, a loud skip).
+if [[ " $modes " == *" kvpool "* ]] && ! "$python" -c '
+import sys
+from kvpool.vllm import UnsupportedVLLMVersionError, vllm_line
+try:
+    vllm_line(sys.argv[1])
+except UnsupportedVLLMVersionError:
+    sys.exit(1)' "$version"; then
+    if [ "${KVPOOL_OWN_SKIP_MISSING:-}" = 1 ]; then
+        echo "!!!!! vllm-own-tests: no kvpool line for vLLM $version: SKIPPED (KVPOOL_OWN_SKIP_MISSING=1) !!!!!" >&2
+        summary "SKIPPED (no kvpool line)"
+        exit 0
+    fi
+    echo "!!!!! vllm-own-tests: no kvpool line for vLLM $version (kvpool.vllm.VLLM_LINES) !!!!!" >&2
+    summary "FAILED (no kvpool line)"
+    exit 1
+fi
+
+tree=$(bash "$here/vllm-src.sh" "$version" "$python") || {
+    echo "!!!!! vllm-own-tests: no source tree for vLLM $version (.ci/vllm-src.sh) !!!!!" >&2
+    exit 1
+}
+# The release's tree first: its vllm/ shadows the environment's. The plugin
+# comes from this repository.
+pythonpath="$tree:$suites${PYTHONPATH:+:$PYTHONPATH}"
+found=$(PYTHONPATH=$pythonpath "$python" -c 'import vllm; print(vllm.__version__)' 2> /dev/null) || true
+if [ "$found" != "$version" ]; then
+    echo "!!!!! vllm-own-tests: vLLM '$found' imported, not $version's tree ($tree) !!!!!" >&2
+    exit 1
+fi
+
+paths=()
+for f in $files; do
+    if [ ! -f "$tree/tests/v1/core/$f" ]; then
+        echo "!!!!! vllm-own-tests: vLLM $version has no tests/v1/core/$f !!!!!" >&2
+        exit 1
+    fi
+    paths+=("tests/v1/core/$f")
+done
 work=$(mktemp -d "${TMPDIR:-/tmp}/kvpool-vllm-own.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-tar xzf "$sdist_path" -C "$work" "$extract"
-cd "$work/vllm-$version"
-paths=()
-for f in $files; do paths+=("tests/v1/core/$f"); done
 
-status=0
-for mode in stock kvpool; do
-    swap=1
+run() {  # MODE: one pytest run, its JUnit XML and log in $work
+    local mode=$1 swap=1 t0=$SECONDS
     [ "$mode" = stock ] && swap=0
-    started=$SECONDS
-    # The tests import `tests.*` from the sdist's root (the working
-    # directory); the plugin comes from this repository.
-    # Offline: the tests that want a model from a hub fail at once, in both
-    # runs alike, instead of trying the network.
-    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
-    KVPOOL_SWAP=$swap PYTHONPATH="$work/vllm-$version:$suites${PYTHONPATH:+:$PYTHONPATH}" "$python" -m pytest \
-        -p kvpool_swap -p no:cacheprovider -q --no-header -o addopts="" \
-        --junitxml="$work/$mode.xml" "${paths[@]}" > "$work/$mode.log" 2>&1 || true
-    echo "   vLLM $version's own tests, $mode: $(tail -n 1 "$work/$mode.log") ($((SECONDS - started))s)"
+    # From the tree's root, for the tests' `import tests.*`, which is only
+    # read: no byte code, no pytest cache. --confcutdir leaves out vLLM's
+    # tests/conftest.py, which imports vLLM's server stack (not needed by
+    # these tests; its autouse fixtures reset HTTP clients, dynamo and GPU
+    # memory). Offline: the tests that want a model from a hub fail at once,
+    # in both runs alike, instead of trying the network.
+    (cd "$tree" && PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+        KVPOOL_SWAP=$swap PYTHONPATH=$pythonpath "$python" -m pytest \
+        -p kvpool_swap -p no:cacheprovider -q -o addopts="" \
+        --confcutdir="$tree/tests/v1/core" --junitxml="$work/$mode.xml" "${paths[@]}") \
+        > "$work/$mode.log" 2>&1 || true
+    echo "   vLLM $version's own tests, $mode: $(tail -n 1 "$work/$mode.log") ($((SECONDS - t0))s)"
+    grep -m 1 '^kvpool_swap: ' "$work/$mode.log" | cut -c 1-200 || true
+}
+
+if [ "$jobs" = 1 ]; then
+    for mode in $modes; do run "$mode"; done
+else
+    for mode in $modes; do run "$mode" & done
+    wait
+fi
+for mode in $modes; do
     if [ ! -s "$work/$mode.xml" ]; then
         tail -n 30 "$work/$mode.log"
-        echo "!!!!! vllm-own-tests: the $mode run wrote no results !!!!!" >&2
+        echo "!!!!! vllm-own-tests: the $mode run of vLLM $version wrote no results !!!!!" >&2
+        summary "FAILED (the $mode run wrote no results)"
         exit 1
     fi
 done
-"$python" "$suites/compare.py" "$version" "$work/stock.xml" "$work/kvpool.xml" || status=$?
-exit "$status"
+
+if [ "$modes" = stock ]; then
+    "$python" "$suites/compare.py" "$version" "$work/stock.xml" > "$work/compare.txt" || true
+else
+    status=0
+    "$python" "$suites/compare.py" "$version" "$work/stock.xml" "$work/kvpool.xml" > "$work/compare.txt" || status=$?
+fi
+cat "$work/compare.txt"
+if [ -n "${KVPOOL_OWN_RESULTS:-}" ]; then
+    mkdir -p "$KVPOOL_OWN_RESULTS"
+    for mode in $modes; do
+        cp "$work/$mode.log" "$KVPOOL_OWN_RESULTS/$version-$mode.log"
+        cp "$work/$mode.xml" "$KVPOOL_OWN_RESULTS/$version-$mode.xml"
+    done
+fi
+summary "$(tail -n 1 "$work/compare.txt" | sed 's/^summary: //')"
+exit "${status:-0}"
