@@ -4,8 +4,8 @@
 #   0.15.1, 0.16.0  tests/vllm    (differential tests against vLLM's own
 #                                  KVCacheManager, install/plugin tests)
 #   0.33.0          tests/vllm33
-# and, for 0.16.0 and 0.33.0, vLLM's own pool tests stock and with kvpool
-# swapped in (.ci/vllm-own-tests.sh).
+# (vLLM's own pool tests of every line's newest release run in
+# .ci/vllm-own-all.sh.)
 # Exits non-zero if a test fails, if an environment cannot be built, or if
 # the disk cannot hold it (one loud line; KVPOOL_SKIP_VLLM=1 turns only that
 # last case into a skip, said just as loudly). Every release is run even if
@@ -80,19 +80,6 @@ for version in $versions; do
         failed=1
     fi
     summary+=("vLLM $version: $tests $result; environment ${built}s, tests $((SECONDS - started))s")
-    case "$version" in
-        0.16.0 | 0.33.0)
-            echo "== vLLM $version: vLLM's own pool tests, stock and with kvpool"
-            started=$SECONDS
-            if bash "$repo/.ci/vllm-own-tests.sh" "$version" "$venv/bin/python" "$repo"; then
-                result="rule holds"
-            else
-                result="FAILED"
-                failed=1
-            fi
-            summary+=("vLLM $version: its own pool tests $result ($((SECONDS - started))s)")
-            ;;
-    esac
     # The thin venv is small, a full one is not: do not keep it past its tests.
     rm -rf "$venv"
 done

@@ -29,6 +29,9 @@ cdef class _Store:
     # The 0.24-0.29 blocks of the 0.33-style store: handles are
     # KVCacheBlock24 (no ``pool`` attribute).
     cdef bint no_pool
+    # A queue built from an empty list: no block named its vLLM line yet;
+    # the first block it adopts does (see _settle_kind).
+    cdef bint unsettled
     # The pool these blocks belong to (``block.pool``): borrowed for a
     # pool's store (the pool owns the store), owned for a private store.
     cdef PyObject *pool

@@ -257,6 +257,8 @@ cdef Py_ssize_t _adopt(_Store st, object o) except -2:
         return -1
     if old.pool != NULL and <object> old.pool is not _store_pool(st):
         return -1  # made for another pool: that pool's, not ours
+    if st.unsettled:
+        _settle_kind(st, type(b))
     if _block_kind(type(b)) != _store_kind(st):
         raise TypeError(
             f"block {b._bid} is a {_block_kind(type(b))} block; this pool or queue holds "
@@ -373,6 +375,27 @@ cdef inline Py_ssize_t _index_in(_Store st, object o) except -1:
 cdef inline bint _is_block(object o) noexcept:
     """Exactly one of the handle classes (pointer compares)."""
     return type(o) is KVCacheBlock or type(o) is KVCacheBlock33 or type(o) is KVCacheBlock24
+
+
+cdef int _settle_kind(_Store st, object cls) except -1:
+    """A queue built from an empty list (``FreeKVCacheBlockQueue([])``, as
+    vLLM's tests build one) takes the vLLM line of the first block it adopts:
+    the empty list could not name it. Only while the store has no block and
+    no sentinel object was handed out (whose class would then be wrong)."""
+    cdef Py_ssize_t i
+    st.unsettled = False
+    if st.nadopt or st.num_objs or st.objs[st.n] != NULL or st.objs[st.n + 1] != NULL:
+        return 0
+    if cls is KVCacheBlock33 or cls is KVCacheBlock24:
+        if st.ntok == NULL:
+            st.ntok = <int64_t *> PyMem_Malloc(st.cap * sizeof(int64_t))
+            if st.ntok == NULL:
+                raise MemoryError("cannot allocate the block store")
+            for i in range(st.cap):
+                st.ntok[i] = NTOK_NONE
+        st.v33 = True
+        st.no_pool = cls is KVCacheBlock24
+    return 0
 
 
 cdef str _block_kind(object cls):
@@ -717,6 +740,7 @@ cdef class FreeKVCacheBlockQueue:
             seen.add(id(b))
         st = _Store(n, False, cls is KVCacheBlock33 or cls is KVCacheBlock24)
         st.no_pool = cls is KVCacheBlock24
+        st.unsettled = n == 0
         st.owned = True
         # Blocks made with pool=P (vLLM builds a pool's queue from its
         # blocks this way) keep P as their pool: weakly, as the pool owns

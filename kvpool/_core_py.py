@@ -357,6 +357,9 @@ class FreeKVCacheBlockQueue:
                 raise ValueError(f"FreeKVCacheBlockQueue: block {block._block_id} given twice")
             seen.add(id(block))
         tok = self._init_empty(cls)
+        # Built from an empty list, the queue takes the vLLM line of the
+        # first block it adopts (_adopt_one), as the compiled core does.
+        self._unsettled = not blocks
         last = self._head
         for block in blocks:
             block._owner = tok
@@ -400,6 +403,12 @@ class FreeKVCacheBlockQueue:
         self._tail = _make_sentinel(block_cls)
         return tok
 
+    def _settle_kind(self, block_cls: type) -> None:
+        """New sentinels of ``block_cls`` for an empty queue (see _adopt_one)."""
+        head, tail = _make_sentinel(block_cls), _make_sentinel(block_cls)
+        head._next, tail._prev = tail, head
+        self._head, self._tail = head, tail
+
     def _close(self, last: KVCacheBlock, num_blocks: int) -> None:
         tail = self._tail
         last._next = tail
@@ -413,6 +422,10 @@ class FreeKVCacheBlockQueue:
         can never be linked into two lists. False if it is not one."""
         if not isinstance(block, KVCacheBlock) or block._owner is not None:
             return False
+        if getattr(self, "_unsettled", False):
+            self._unsettled = False
+            if self._num_free == 0 and self._head._next is self._tail:
+                self._settle_kind(type(block))
         if type(block) is not type(self._head):
             raise TypeError(
                 f"block {block._block_id} is of the other vLLM line than this pool or queue"

@@ -369,3 +369,19 @@ def test_adoption_grows_and_outlives_the_pool(core: ModuleType, line: str) -> No
     if core.__name__ == "kvpool._core":  # detached: no neighbours (contract)
         assert all(b.prev_free_block is None for b in strangers)
     repr(strangers[-1])
+
+
+def test_queue_from_empty_list_takes_the_first_blocks_line(core) -> None:
+    """``FreeKVCacheBlockQueue([])`` (as vLLM's own tests build one) names no
+    line; the first block appended decides it, in both cores."""
+    for cls in (core.KVCacheBlock33, core.KVCacheBlock):
+        queue = core.FreeKVCacheBlockQueue([])
+        blocks = [cls(i) for i in range(3)]
+        queue.append_n(blocks)
+        assert [b.block_id for b in queue.get_all_free_blocks()] == [0, 1, 2]
+        assert queue.popleft() is blocks[0]
+        # Settled: a block of the other line is refused, nothing changed.
+        other = (core.KVCacheBlock if cls is core.KVCacheBlock33 else core.KVCacheBlock33)(7)
+        with pytest.raises(TypeError):
+            queue.append(other)
+        assert [b.block_id for b in queue.get_all_free_blocks()] == [1, 2]

