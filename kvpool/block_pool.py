@@ -81,6 +81,9 @@ class BlockPoolMixin:
     _BlockStored: type = BlockStored
     _BlockRemoved: type = BlockRemoved
     _AllBlocksCleared: type = AllBlocksCleared
+    # vLLM 0.15.0-0.32.0 count the null block's ref_cnt in touch and
+    # free_blocks (it may go below 0); only 0.33 skips it (the core's rule).
+    _kvpool_counts_null = True
 
     def __init__(
         self,

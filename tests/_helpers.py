@@ -240,7 +240,10 @@ def check_invariants(pool: Any) -> None:
         if b.block_id != i:
             _fail(pool, f"blocks[{i}].block_id == {b.block_id}")
     null = pool.null_block
-    if null is not blocks[0] or not null.is_null or null.ref_cnt != 0:
+    # The null block's ref_cnt is kept where the release keeps it (vLLM
+    # before 0.33: the core's rule _kvpool_counts_null), else it stays 0.
+    counted = getattr(type(pool), "_kvpool_counts_null", False)
+    if null is not blocks[0] or not null.is_null or (null.ref_cnt != 0 and not counted):
         _fail(pool, f"bad null block {null!r}")
     if null.block_hash is not None:
         _fail(pool, f"the null block carries a hash: {null!r}")

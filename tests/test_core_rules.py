@@ -34,9 +34,12 @@ LINES = [15, 33]
 
 @pytest.mark.parametrize("line", LINES)
 def test_defaults_skip_the_null_block(core: ModuleType, line: int) -> None:
-    base = block_pool_class(core) if line == 15 else make_v033(core)
-    assert base._kvpool_counts_null is False
-    pool = base(6, True, 4)
+    # The core's default skips it; the 0.15 facade (vLLM 0.15-0.23) counts
+    # it, as vLLM before 0.33 does; the 0.33 facade skips it.
+    assert core.PoolCore._kvpool_counts_null is False
+    assert block_pool_class(core)._kvpool_counts_null is True
+    assert make_v033(core)._kvpool_counts_null is False
+    pool = pool_class(core, line, False)(6, True, 4)
     null = pool.null_block
     pool.touch([null])
     assert null.ref_cnt == 0

@@ -120,12 +120,17 @@ class Model:
     def touch(self, block_ids) -> None:
         for i in block_ids:
             if i == 0:
+                # The null block's count is kept (as vLLM 0.15 keeps it),
+                # but it never leaves or joins the queue.
+                self.ref[0] += 1
                 continue
             if i in self.free:
                 self.free.remove(i)
             self.ref[i] += 1
 
     def free_blocks(self, block_ids) -> None:
+        block_ids = list(block_ids)
+        self.ref[0] -= block_ids.count(0)
         real = [i for i in block_ids if i != 0]
         for i in real:
             self.ref[i] -= 1
