@@ -380,11 +380,12 @@ cdef inline bint _is_block(object o) noexcept:
 cdef int _settle_kind(_Store st, object cls) except -1:
     """A queue built from an empty list (``FreeKVCacheBlockQueue([])``, as
     vLLM's tests build one) takes the vLLM line of the first block it adopts:
-    the empty list could not name it. Only while the store has no block and
-    no sentinel object was handed out (whose class would then be wrong)."""
+    the empty list could not name it. Only while the store holds no block."""
     cdef Py_ssize_t i
     st.unsettled = False
-    if st.nadopt or st.num_objs or st.objs[st.n] != NULL or st.objs[st.n + 1] != NULL:
+    # Sentinel objects already handed out keep their class (KVCacheBlock33
+    # adds no C field, so they read the store alike).
+    if st.nadopt or st.num_objs:
         return 0
     if cls is KVCacheBlock33 or cls is KVCacheBlock24:
         if st.ntok == NULL:
@@ -456,7 +457,7 @@ cdef class KVCacheBlock:
     @ref_cnt.setter
     def ref_cnt(self, value):
         cdef _Store st = _live_store(self)
-        _check_ref_cnt(value)
+        _check_ref_cnt(value, st.flags[self._idx] & _NULL)
         st.ref_cnt[self._idx] = value
 
     @property
@@ -681,16 +682,19 @@ cdef object _neighbour_id(_Store st, int32_t i):
     return i  # a pool block not handed out yet: its id is its index
 
 
-cdef inline int _check_ref_cnt(object value) except -1:
+cdef inline int _check_ref_cnt(object value, bint null=False) except -1:
+    """A ref_cnt a block may be given; the null block's may be below 0, as
+    vLLM before 0.33 drives it (down to NULL_REF_CNT_MIN)."""
     cdef long long v
+    cdef long long low = NULL_REF_CNT_MIN if null else 0
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"ref_cnt must be an int, got {type(value).__name__}")
     try:
         v = value
     except OverflowError:
-        v = -1
-    if not (0 <= v <= INT32_MAX):
-        raise ValueError(f"ref_cnt must be in [0, {INT32_MAX}], got {value}")
+        v = low - 1
+    if not (low <= v <= INT32_MAX):
+        raise ValueError(f"ref_cnt must be in [{low}, {INT32_MAX}], got {value}")
     return 0
 
 

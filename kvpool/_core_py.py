@@ -68,11 +68,14 @@ def _check_block_id(block_id: Any) -> int:
     return int(block_id)
 
 
-def _check_ref_cnt(ref_cnt: Any) -> int:
+def _check_ref_cnt(ref_cnt: Any, null: bool = False) -> int:
+    """A ref_cnt a block may be given; the null block's may be below 0, as
+    vLLM before 0.33 drives it (down to _NULL_REF_CNT_MIN)."""
+    low = _NULL_REF_CNT_MIN if null else 0
     if isinstance(ref_cnt, bool) or not isinstance(ref_cnt, int):
         raise TypeError(f"ref_cnt must be an int, got {type(ref_cnt).__name__}")
-    if not 0 <= ref_cnt <= _INT32_MAX:
-        raise ValueError(f"ref_cnt must be in [0, {_INT32_MAX}], got {ref_cnt}")
+    if not low <= ref_cnt <= _INT32_MAX:
+        raise ValueError(f"ref_cnt must be in [{low}, {_INT32_MAX}], got {ref_cnt}")
     return int(ref_cnt)
 
 
@@ -158,7 +161,7 @@ class KVCacheBlock:
     @ref_cnt.setter
     def ref_cnt(self, value: int) -> None:
         # Only the count changes: the block does not enter or leave a queue.
-        self._ref_cnt = _check_ref_cnt(value)
+        self._ref_cnt = _check_ref_cnt(value, self._is_null)
 
     @property
     def is_null(self) -> bool:

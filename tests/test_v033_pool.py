@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from _helpers import check_raises, hash_chain, ids, key
+from _helpers import block_pool_class, check_raises, hash_chain, ids, key
 from kvpool.metrics import KVCacheMetricsCollector
 from kvpool.v0_33.block_pool import PoolArgumentError
 from kvpool.v0_33 import (
@@ -385,3 +385,28 @@ def test_queue_from_empty_list_takes_the_first_blocks_line(core) -> None:
         with pytest.raises(TypeError):
             queue.append(other)
         assert [b.block_id for b in queue.get_all_free_blocks()] == [1, 2]
+
+
+def test_queue_from_empty_list_settles_after_its_sentinels_were_read(core) -> None:
+    # vLLM's own test reads the sentinels of FreeKVCacheBlockQueue([]) before
+    # it appends its first block.
+    queue = core.FreeKVCacheBlockQueue([])
+    queue.append_n([])
+    assert queue.fake_free_list_head.next_free_block is queue.fake_free_list_tail
+    blocks = [core.KVCacheBlock33(i) for i in range(2)]
+    queue.append_n(blocks)
+    assert queue.fake_free_list_head.next_free_block is blocks[0]
+    assert blocks[1].next_free_block is queue.fake_free_list_tail
+    assert queue.num_free_blocks == 2
+
+
+def test_null_block_ref_cnt_may_be_set_below_zero(core) -> None:
+    # vLLM before 0.33 drives the null block's count below 0 (its own
+    # subclasses of its pool do so with `block.ref_cnt -= 1`); no other
+    # block's.
+    pool = block_pool_class(core)(4, True, 16)
+    pool.null_block.ref_cnt = -1
+    assert pool.null_block.ref_cnt == -1
+    with pytest.raises(ValueError):
+        pool.blocks[1].ref_cnt = -1
+    assert pool.blocks[1].ref_cnt == 0
