@@ -29,6 +29,26 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _logging_config(log: Path) -> Path:
+    """vLLM's logging config (``VLLM_LOGGING_CONFIG_PATH``; every vLLM
+    process reads it): vLLM's warnings to stderr as usual, kvpool's INFO
+    lines with their process id to ``log``, so the run can tell in which
+    processes kvpool's install() put its pool."""
+    path = log.with_suffix(".json")
+    path.write_text(json.dumps({
+        "version": 1, "disable_existing_loggers": False,
+        "formatters": {"pid": {"format": "%(process)d %(name)s %(message)s"}},
+        "handlers": {
+            "kvpool": {"class": "logging.FileHandler", "filename": str(log),
+                       "formatter": "pid", "mode": "a"},
+            "stderr": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr"},
+        },
+        "loggers": {"kvpool": {"handlers": ["kvpool"], "level": "INFO", "propagate": False},
+                    "vllm": {"handlers": ["stderr"], "level": "WARNING", "propagate": False}},
+    }))
+    return path
+
+
 class EventCollector(threading.Thread):
     """A ZMQ SUB socket bound on loopback that keeps every KVEventBatch's
     events. vLLM's publisher *connects* to an endpoint with a host in it
@@ -140,6 +160,8 @@ def main() -> None:
     model_dir, scenario_path, out_path = sys.argv[1:4]
     scenario = json.loads(Path(scenario_path).read_text())
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if scenario.get("multiprocess") else "0"
+    kvpool_log = Path(out_path).with_suffix(".kvpool.log")
+    os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(_logging_config(kvpool_log))
     from vllm import LLM, SamplingParams
     from vllm.config import KVEventsConfig
     from vllm.inputs import TokensPrompt
@@ -218,7 +240,12 @@ def main() -> None:
     if collector is not None:
         collector.wait_quiet()
         collector.close()
+    installed = [line.split(" ", 1)[0] for line in kvpool_log.read_text().splitlines()
+                 if "kvpool BlockPool of the" in line] if kvpool_log.exists() else []
     result = {
+        # The processes kvpool's install() put its pool in (its INFO line).
+        "kvpool_pids": sorted({int(pid) for pid in installed}),
+        "pid": os.getpid(),
         "tokens": outputs,
         "metrics": metrics,
         "events": collector.take() if collector is not None else None,
