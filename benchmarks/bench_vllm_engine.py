@@ -5,7 +5,8 @@ Each round runs the engine once per side, each run a fresh process
 alternating every round; every run must generate the same token ids as the
 stock run of its round. Reported per configuration and side: generated tokens
 per second and milliseconds per engine step (median and range over the
-rounds), and the per-round ratio kvpool / stock (median and range).
+rounds), and kvpool's per-round speed-up (tokens per second kvpool / stock,
+time per step stock / kvpool; median and range).
 
 Configurations:
 
@@ -30,12 +31,10 @@ Publish figures only from a quiet machine (load average under 1) and state it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import pstats
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -43,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = ROOT / "tests" / "engine"
 sys.path.insert(0, str(ENGINE))
+import launch  # noqa: E402
 
 CONFIGS = {
     "scheduler": {
@@ -62,22 +62,11 @@ QUICK = {"num_requests": 96, "max_tokens": 16}
 
 
 def run(model: Path, scenario: dict, work: Path, side: str) -> dict:
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "scenario.json").write_text(json.dumps(scenario))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="2",
-               PYTHONHASHSEED="0")
-    if side == "kvpool":
-        env["KVPOOL_VLLM"] = "1"
-    out = work / "out.json"
-    proc = subprocess.run(
-        [sys.executable, str(ENGINE / "engine_run.py"), str(model), str(work / "scenario.json"),
-         str(out)], env=env, cwd=work, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"engine run failed ({side}):\n{proc.stderr[-4000:]}")
-    result = json.loads(out.read_text())
-    result["profile"] = str(out.with_suffix(".prof")) if scenario.get("profile") else None
-    return result
+    try:
+        return launch.run(model, scenario, work,
+                          launch.engine_env(kvpool=side == "kvpool", kv_cache_gib=2), timeout=None)
+    except launch.EngineRunFailed as exc:
+        sys.exit(f"{side}: {exc}")
 
 
 # (label, predicate over (file, function name)) for the profile's shares.
@@ -126,8 +115,12 @@ def shares(profile: str) -> dict[str, float]:
     return out
 
 
+def _num(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
 def summarize(values: list[float]) -> str:
-    return f"{statistics.median(values):.3g} [{min(values):.3g}-{max(values):.3g}]"
+    return f"{_num(statistics.median(values))} [{_num(min(values))}-{_num(max(values))}]"
 
 
 def main() -> None:
@@ -171,14 +164,14 @@ def main() -> None:
             print(f"\n### {name}-heavy: {scenario['num_requests']} requests, "
                   f"{scenario['max_num_seqs']} concurrent, {config['model']['layers']} layer(s); "
                   f"{args.rounds} rounds, median [range]\n")
-            print("| | stock vLLM | vLLM + kvpool | kvpool / stock |")
+            print("| | stock vLLM | vLLM + kvpool | kvpool's speed-up |")
             print("|---|---|---|---|")
             print(f"| generated tokens/s | {summarize(per_side['stock']['tok_s'])} | "
                   f"{summarize(per_side['kvpool']['tok_s'])} | {summarize(ratios)}x |")
             step_ratio = [s / k for s, k in zip(per_side["stock"]["ms_step"],
                                                  per_side["kvpool"]["ms_step"])]
             print(f"| ms per engine step | {summarize(per_side['stock']['ms_step'])} | "
-                  f"{summarize(per_side['kvpool']['ms_step'])} | {summarize(step_ratio)}x faster |")
+                  f"{summarize(per_side['kvpool']['ms_step'])} | {summarize(step_ratio)}x |")
             if args.profile:
                 print("\nShare of the generate loop's time (cProfile, one run per side):\n")
                 print("| | stock vLLM | vLLM + kvpool |")

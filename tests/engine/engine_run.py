@@ -9,7 +9,8 @@ Run as its own process, once stock and once with ``KVPOOL_VLLM=1`` in the
 environment (kvpool's plugin then installs its pool in every vLLM process);
 ``KVPOOL_ENGINE_BROKEN=N`` (in-process engine core only) installs a pool that
 returns a wrong block on every Nth prefix-cache hit, to prove the comparison
-can fail.
+can fail; ``KVPOOL_ENGINE_LEAKY=1`` one that keeps every block list it hands
+out, to prove the soak run's flatness check can fail.
 """
 
 from __future__ import annotations
@@ -68,7 +69,6 @@ class EventCollector(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        import msgspec
         import zmq
 
         while not self.stop.is_set():
@@ -76,8 +76,9 @@ class EventCollector(threading.Thread):
                 frames = self.sock.recv_multipart()
             except zmq.Again:
                 continue
-            ts, events, *rest = msgspec.msgpack.decode(frames[-1])
-            self.batches.append([events, rest])
+            # Kept as bytes (not tracked by the collector) until take(), so
+            # that the live object count is the engine's alone.
+            self.batches.append(frames[-1])
             self.last = time.monotonic()
 
     def wait_quiet(self, quiet: float = 2.0, limit: float = 30.0) -> None:
@@ -88,7 +89,13 @@ class EventCollector(threading.Thread):
 
     def take(self) -> list:
         """The batches received so far, removed."""
-        batches, self.batches = self.batches, []
+        import msgspec
+
+        raw, self.batches = self.batches, []
+        batches = []
+        for frame in raw:
+            _ts, events, *rest = msgspec.msgpack.decode(frame)
+            batches.append([events, rest])
         return batches
 
     def close(self) -> None:
@@ -98,8 +105,11 @@ class EventCollector(threading.Thread):
         self.ctx.term()
 
 
-def prompts(scenario: dict) -> list[list[int]]:
-    """Requests over a few shared prefixes, each with its own tail."""
+def prompts(scenario: dict, wave: int = 0) -> list[list[int]]:
+    """Requests over a few shared prefixes, each with its own tail. With
+    ``new_tails_per_wave`` every wave after the first keeps the prefixes but
+    draws new tails (the soak run: cache hits across waves, new blocks in
+    every wave); otherwise every wave sends the same requests."""
     import random
 
     rng = random.Random(scenario.get("seed", 7))
@@ -108,6 +118,8 @@ def prompts(scenario: dict) -> list[list[int]]:
         [rng.randrange(3, vocab) for _ in range(scenario["prefix_tokens"])]
         for _ in range(scenario["num_prefixes"])
     ]
+    if wave and scenario.get("new_tails_per_wave"):
+        rng = random.Random(f"{scenario.get('seed', 7)}/{wave}")
     out = []
     for i in range(scenario["num_requests"]):
         tail = [rng.randrange(3, vocab) for _ in range(rng.randrange(1, scenario["tail_tokens"]))]
@@ -156,6 +168,26 @@ def install_broken(every: int) -> None:
     kv_cache_coordinator.BlockPool = BrokenBlockPool
 
 
+def install_leaky() -> None:
+    """Install kvpool, then rebind the coordinator's BlockPool to kvpool's pool
+    with a planted leak: it keeps every list of new blocks it hands out (the
+    soak run's flatness check must catch it)."""
+    import kvpool.vllm as kv_vllm
+    from vllm.v1.core import kv_cache_coordinator
+
+    kv_vllm.install()
+    base = kv_cache_coordinator.BlockPool
+    kept: list = []
+
+    class LeakyBlockPool(base):  # type: ignore[misc, valid-type]
+        def get_new_blocks(self, num_blocks):
+            blocks = super().get_new_blocks(num_blocks)
+            kept.append(list(blocks))
+            return blocks
+
+    kv_cache_coordinator.BlockPool = LeakyBlockPool
+
+
 def main() -> None:
     model_dir, scenario_path, out_path = sys.argv[1:4]
     scenario = json.loads(Path(scenario_path).read_text())
@@ -168,6 +200,8 @@ def main() -> None:
 
     if os.environ.get("KVPOOL_ENGINE_BROKEN"):
         install_broken(int(os.environ["KVPOOL_ENGINE_BROKEN"]))
+    if os.environ.get("KVPOOL_ENGINE_LEAKY"):
+        install_leaky()
 
     port = free_port()
     collector = EventCollector(port) if scenario.get("events", True) else None
@@ -196,7 +230,7 @@ def main() -> None:
     params = SamplingParams(
         temperature=0, max_tokens=scenario["max_tokens"], ignore_eos=True, detokenize=False
     )
-    requests = [TokensPrompt(prompt_token_ids=p) for p in prompts(scenario)]
+    reset_every = scenario.get("reset_prefix_cache_every", 0)
     # Engine steps, counted at the engine's step() the LLM API loops over.
     engine = llm.llm_engine
     steps = [0]
@@ -219,11 +253,23 @@ def main() -> None:
         wave_started = time.monotonic()
         if profiler is not None:
             profiler.enable()
+        requests = [TokensPrompt(prompt_token_ids=p) for p in prompts(scenario, wave)]
         results = llm.generate(requests, params, use_tqdm=False)
         if profiler is not None:
             profiler.disable()
-        outputs.append([list(r.outputs[0].token_ids) for r in results])
-        waves.append(_wave_stats(wave_started))
+        # Kept as JSON text (not tracked by the collector), so that the live
+        # object count after each wave is the engine's alone.
+        outputs.append(json.dumps([list(r.outputs[0].token_ids) for r in results]))
+        del results, requests
+        reset = bool(reset_every) and (wave + 1) % reset_every == 0
+        if reset and not llm.reset_prefix_cache():
+            raise RuntimeError(f"reset_prefix_cache() refused after wave {wave + 1}")
+        waves.append(dict(_wave_stats(wave_started), reset_prefix_cache=reset))
+        if scenario.get("progress"):
+            w = waves[-1]
+            print(f"  wave {wave + 1}/{scenario.get('waves', 1)}: {w['seconds']:.2f} s, "
+                  f"RSS {w['rss_kib'] / 1024:.0f} MiB, {w['objects']} live objects"
+                  + (", prefix cache reset" if reset else ""), flush=True)
     elapsed = time.monotonic() - started
     if profiler is not None:
         profiler.dump_stats(str(Path(out_path).with_suffix(".prof")))
@@ -242,6 +288,7 @@ def main() -> None:
         collector.close()
     installed = [line.split(" ", 1)[0] for line in kvpool_log.read_text().splitlines()
                  if "kvpool BlockPool of the" in line] if kvpool_log.exists() else []
+    outputs = [json.loads(wave) for wave in outputs]
     result = {
         # The processes kvpool's install() put its pool in (its INFO line).
         "kvpool_pids": sorted({int(pid) for pid in installed}),

@@ -64,7 +64,7 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 def run_engine(model_dir: Path, scenario: dict, tmp: Path, *, kvpool: bool,
-               broken: int | None = None) -> dict:
+               broken: int | None = None, leaky: bool = False) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)
     scenario_file = tmp / "scenario.json"
     scenario_file.write_text(json.dumps({**BASE, **scenario}))
@@ -75,6 +75,8 @@ def run_engine(model_dir: Path, scenario: dict, tmp: Path, *, kvpool: bool,
         env["KVPOOL_VLLM"] = "1"
     if broken:
         env["KVPOOL_ENGINE_BROKEN"] = str(broken)
+    if leaky:
+        env["KVPOOL_ENGINE_LEAKY"] = "1"
     proc = subprocess.run(
         [sys.executable, str(HERE / "engine_run.py"), str(model_dir), str(scenario_file), str(out)],
         env=env, cwd=tmp, capture_output=True, text=True, timeout=900,
