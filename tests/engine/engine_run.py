@@ -9,7 +9,8 @@ Run as its own process, once stock and once with ``KVPOOL_VLLM=1`` in the
 environment (kvpool's plugin then installs its pool in every vLLM process);
 ``KVPOOL_ENGINE_BROKEN=N`` (in-process engine core only) installs a pool that
 returns a wrong block on every Nth prefix-cache hit, to prove the comparison
-can fail; ``KVPOOL_ENGINE_LEAKY=1`` one that keeps every block list it hands
+can fail (``N:G``: every Nth hit in KV-cache group G only);
+``KVPOOL_ENGINE_LEAKY=1`` one that keeps every block list it hands
 out, to prove the soak run's flatness check can fail.
 """
 
@@ -144,9 +145,10 @@ def _wave_stats(started: float) -> dict:
             "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
 
 
-def install_broken(every: int) -> None:
+def install_broken(every: int, group: int | None = None) -> None:
     """Install kvpool, then rebind the coordinator's BlockPool to kvpool's pool
-    with a planted bug: every ``every``-th cache hit returns another block.
+    with a planted bug: every ``every``-th cache hit returns another block
+    (with ``group``, every ``every``-th hit in that KV-cache group only).
     (The plugin's own install() later in this process is then a no-op.)"""
     import kvpool.vllm as kv_vllm
     from vllm.v1.core import kv_cache_coordinator
@@ -158,7 +160,7 @@ def install_broken(every: int) -> None:
     class BrokenBlockPool(base):  # type: ignore[misc, valid-type]
         def get_cached_block(self, block_hash, kv_cache_group_ids):
             blocks = super().get_cached_block(block_hash, kv_cache_group_ids)
-            if blocks is not None:
+            if blocks is not None and (group is None or group in kv_cache_group_ids):
                 count[0] += 1
                 if count[0] % every == 0:
                     blocks = [self.blocks[(b.block_id % (self.num_gpu_blocks - 1)) + 1]
@@ -188,6 +190,38 @@ def install_leaky() -> None:
     kv_cache_coordinator.BlockPool = LeakyBlockPool
 
 
+def watch_windows() -> dict:
+    """Count what vLLM's own sliding-window manager does (in-process engine
+    core; the scenario's ``watch_windows``): blocks freed as they leave the
+    window (``remove_skipped_blocks``), and its prefix-cache hits, those led by
+    the null block (the blocks before the window skipped) and their blocks."""
+    from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager as manager
+
+    counts = {"freed": 0, "hits": 0, "null_led_hits": 0, "hit_blocks": 0}
+    remove = manager.remove_skipped_blocks
+    find = manager.find_longest_cache_hit.__func__
+
+    def live(self, request_id: str) -> int:
+        return sum(not b.is_null for b in self.req_to_blocks.get(request_id, ()))
+
+    def remove_skipped_blocks(self, request_id, *args, **kwargs):
+        before = live(self, request_id)
+        remove(self, request_id, *args, **kwargs)
+        counts["freed"] += before - live(self, request_id)
+
+    def find_longest_cache_hit(cls, *args, **kwargs):
+        blocks, length = find(cls, *args, **kwargs)
+        if length:
+            counts["hits"] += 1
+            counts["null_led_hits"] += blocks[0][0].is_null
+            counts["hit_blocks"] += sum(not b.is_null for b in blocks[0])
+        return blocks, length
+
+    manager.remove_skipped_blocks = remove_skipped_blocks
+    manager.find_longest_cache_hit = classmethod(find_longest_cache_hit)
+    return counts
+
+
 def main() -> None:
     model_dir, scenario_path, out_path = sys.argv[1:4]
     scenario = json.loads(Path(scenario_path).read_text())
@@ -199,7 +233,9 @@ def main() -> None:
     from vllm.inputs import TokensPrompt
 
     if os.environ.get("KVPOOL_ENGINE_BROKEN"):
-        install_broken(int(os.environ["KVPOOL_ENGINE_BROKEN"]))
+        every, _, group = os.environ["KVPOOL_ENGINE_BROKEN"].partition(":")
+        install_broken(int(every), int(group) if group else None)
+    windows = watch_windows() if scenario.get("watch_windows") else None
     if os.environ.get("KVPOOL_ENGINE_LEAKY"):
         install_leaky()
 
@@ -278,11 +314,17 @@ def main() -> None:
         if metric.name in ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries",
                            "vllm:num_preemptions"):
             metrics[metric.name] = getattr(metric, "value", None)
-    pool_class = None
+    pool_class = kv_groups = None
     if not scenario.get("multiprocess"):
         scheduler = llm.llm_engine.engine_core.engine_core.scheduler
         pool = scheduler.kv_cache_manager.block_pool
         pool_class = f"{type(pool).__module__}.{type(pool).__qualname__}"
+        # Each KV-cache group: its spec's class, sliding window, layers and
+        # the single-type manager serving it.
+        managers = scheduler.kv_cache_manager.coordinator.single_type_managers
+        kv_groups = [[type(g.kv_cache_spec).__name__, getattr(g.kv_cache_spec, "sliding_window", None),
+                      list(g.layer_names), type(m).__name__]
+                     for g, m in zip(scheduler.kv_cache_config.kv_cache_groups, managers)]
     if collector is not None:
         collector.wait_quiet()
         collector.close()
@@ -297,6 +339,8 @@ def main() -> None:
         "metrics": metrics,
         "events": collector.take() if collector is not None else None,
         "pool_class": pool_class,
+        "kv_cache_groups": kv_groups,
+        "windows": windows,
         "generated": sum(len(t) for wave in outputs for t in wave),
         "seconds": elapsed,
         "steps": steps[0],

@@ -64,7 +64,7 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 def run_engine(model_dir: Path, scenario: dict, tmp: Path, *, kvpool: bool,
-               broken: int | None = None, leaky: bool = False) -> dict:
+               broken: int | str | None = None, leaky: bool = False) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)
     scenario_file = tmp / "scenario.json"
     scenario_file.write_text(json.dumps({**BASE, **scenario}))
@@ -131,6 +131,13 @@ def test_engine_identical_with_kvpool(name: str, model_dir: Path, tmp_path: Path
     scenario = SCENARIOS[name]
     stock = run_engine(model_dir, scenario, tmp_path / "stock", kvpool=False)
     ours = run_engine(model_dir, scenario, tmp_path / "kvpool", kvpool=True)
+    assert_same_run(scenario, stock, ours, evicts=name == "eviction")
+
+
+def assert_same_run(scenario: dict, stock: dict, ours: dict, *, evicts: bool = False) -> None:
+    """A stock run and kvpool's run of ``scenario``: kvpool in the right
+    process only, the same tokens, counters and KV events (``evicts``: the
+    small cache must have evicted)."""
     assert stock["kvpool_pids"] == [], "kvpool was installed in the stock engine"
     if scenario.get("multiprocess"):
         # The engine core's process is not this one: kvpool must have been
@@ -146,7 +153,7 @@ def test_engine_identical_with_kvpool(name: str, model_dir: Path, tmp_path: Path
     assert ours["metrics"] == stock["metrics"]
     if scenario.get("prefix_caching", True):
         assert stock["metrics"]["vllm:prefix_cache_hits"] > 0
-    if name == "eviction":
+    if evicts:
         kinds = {event["type"] for batch, _ in stock["events"] for event in batch}
         assert "BlockRemoved" in kinds, "the small cache evicted nothing"
     stock_events, our_events = stock["events"], ours["events"]
