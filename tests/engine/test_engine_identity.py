@@ -63,26 +63,79 @@ def model_dir(tmp_path_factory) -> Path:
     return make_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
+#: How many engine runs at once (each its own process; the machine has two
+#: cores). The comparisons do not depend on timing (see ``_per_block``), so a
+#: test's stock and kvpool runs go side by side.
+JOBS = max(1, int(os.environ.get("KVPOOL_ENGINE_JOBS", "2")))
+
+
+class EngineRun:
+    """One ``engine_run.py`` process, started at once; ``result()`` waits."""
+
+    def __init__(self, model_dir: Path, scenario: dict, tmp: Path, *, kvpool: bool,
+                 broken: int | None = None) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        scenario_file = tmp / "scenario.json"
+        scenario_file.write_text(json.dumps({**BASE, **scenario}))
+        self.out = tmp / "out.json"
+        self.what = "kvpool" if kvpool else "stock"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}
+        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+        if kvpool:
+            env["KVPOOL_VLLM"] = "1"
+        if broken:
+            env["KVPOOL_ENGINE_BROKEN"] = str(broken)
+        # Output to files, not pipes: two runs at once must not block on a
+        # full pipe while the other is waited for.
+        self.stdout, self.stderr = (tmp / "stdout.txt").open("w+"), (tmp / "stderr.txt").open("w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "engine_run.py"), str(model_dir), str(scenario_file),
+             str(self.out)],
+            env=env, cwd=tmp, stdout=self.stdout, stderr=self.stderr, text=True,
+        )
+
+    def result(self) -> dict:
+        try:
+            returncode = self.proc.wait(900)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            returncode = "killed after 900 s"
+        outputs = []
+        for stream in (self.stdout, self.stderr):
+            stream.seek(0)
+            outputs.append(stream.read())
+            stream.close()
+        if returncode != 0:
+            pytest.fail(f"engine run failed ({self.what}, exit {returncode}):\n"
+                        f"{outputs[0][-3000:]}\n{outputs[1][-6000:]}", pytrace=False)
+        return json.loads(self.out.read_text())
+
+
+def run_engines(model_dir: Path, runs: list[tuple[dict, Path, dict]]) -> list[dict]:
+    """Each run given as (scenario, tmp, keyword arguments of ``EngineRun``),
+    up to ``JOBS`` at a time; their results in order."""
+    results: list[dict] = []
+    for start in range(0, len(runs), JOBS):
+        started = [EngineRun(model_dir, scenario, tmp, **kwargs)
+                   for scenario, tmp, kwargs in runs[start:start + JOBS]]
+        try:
+            results += [run.result() for run in started]
+        finally:
+            for run in started:
+                if run.proc.poll() is None:
+                    run.proc.kill()
+                    run.proc.wait()
+    return results
+
+
 def run_engine(model_dir: Path, scenario: dict, tmp: Path, *, kvpool: bool,
                broken: int | None = None) -> dict:
-    tmp.mkdir(parents=True, exist_ok=True)
-    scenario_file = tmp / "scenario.json"
-    scenario_file.write_text(json.dumps({**BASE, **scenario}))
-    out = tmp / "out.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
-    if kvpool:
-        env["KVPOOL_VLLM"] = "1"
-    if broken:
-        env["KVPOOL_ENGINE_BROKEN"] = str(broken)
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "engine_run.py"), str(model_dir), str(scenario_file), str(out)],
-        env=env, cwd=tmp, capture_output=True, text=True, timeout=900,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"engine run failed ({'kvpool' if kvpool else 'stock'}):\n"
-                    f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}", pytrace=False)
-    return json.loads(out.read_text())
+    return EngineRun(model_dir, scenario, tmp, kvpool=kvpool, broken=broken).result()
+
+
+#: Stock runs by scenario name, for the tests that need one again.
+_stock: dict[str, dict] = {}
 
 
 def _per_block(batches: list) -> list:
@@ -127,8 +180,9 @@ def _first_difference(a: list, b: list) -> str:
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_engine_identical_with_kvpool(name: str, model_dir: Path, tmp_path: Path) -> None:
     scenario = SCENARIOS[name]
-    stock = run_engine(model_dir, scenario, tmp_path / "stock", kvpool=False)
-    ours = run_engine(model_dir, scenario, tmp_path / "kvpool", kvpool=True)
+    stock, ours = run_engines(model_dir, [(scenario, tmp_path / "stock", {"kvpool": False}),
+                                          (scenario, tmp_path / "kvpool", {"kvpool": True})])
+    _stock[name] = stock
     assert stock["kvpool_pids"] == [], "kvpool was installed in the stock engine"
     if scenario.get("multiprocess"):
         # The engine core's process is not this one: kvpool must have been
@@ -159,8 +213,14 @@ def test_engine_identical_with_kvpool(name: str, model_dir: Path, tmp_path: Path
 
 
 def test_broken_pool_is_caught(model_dir: Path, tmp_path: Path) -> None:
-    stock = run_engine(model_dir, {}, tmp_path / "stock", kvpool=False)
-    broken = run_engine(model_dir, {}, tmp_path / "broken", kvpool=True, broken=7)
+    # The stock run of prefix-inproc (the same scenario) if that test ran.
+    scenario = SCENARIOS["prefix-inproc"]
+    broken_run = (scenario, tmp_path / "broken", {"kvpool": True, "broken": 7})
+    if "prefix-inproc" in _stock:
+        stock, (broken,) = _stock["prefix-inproc"], run_engines(model_dir, [broken_run])
+    else:
+        stock, broken = run_engines(model_dir, [(scenario, tmp_path / "stock", {"kvpool": False}),
+                                                broken_run])
     assert broken["pool_class"].endswith("BrokenBlockPool")
     assert broken["tokens"] != stock["tokens"], (
         "a pool returning wrong cached blocks generated the same tokens: the model "
