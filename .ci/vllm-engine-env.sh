@@ -18,7 +18,7 @@
 #   KVPOOL_VLLM_NEED_MIB      free disk required to build, MiB (default 6000)
 #   KVPOOL_SKIP_VLLM=1        if the disk is too small: say so and exit 0
 #
-# About 3.5 GB; 3-5 minutes to build (mostly the download), 20 s from the cache.
+# About 3.5 GB; 3-6 minutes to build (mostly the download), 3-5 s from the cache.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
