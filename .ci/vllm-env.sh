@@ -75,21 +75,10 @@ fi
 started=$SECONDS
 step() { echo "vllm-env [$((SECONDS - started))s] $*"; }
 
-# Exits (0 with KVPOOL_SKIP_VLLM=1, else 1) if the disk of $1 lacks need_mib.
-check_disk() {
-    local existing=$1 avail_mib line
-    while [ ! -d "$existing" ]; do existing=$(dirname "$existing"); done
-    avail_mib=$(df -Pm "$existing" | awk 'NR == 2 { print $4 }')
-    if [ "$avail_mib" -lt "$need_mib" ]; then
-        line="!!!!! KVPOOL vLLM TESTS CANNOT RUN: ${avail_mib} MiB free on the disk of ${existing}, the vLLM ${version} test environment needs ${need_mib} MiB !!!!!"
-        if [ "${KVPOOL_SKIP_VLLM:-}" = 1 ]; then
-            echo "$line (KVPOOL_SKIP_VLLM=1: skipped, nothing built)"
-            exit 0
-        fi
-        echo "$line (set KVPOOL_SKIP_VLLM=1 to allow skipping)"
-        exit 1
-    fi
-}
+tests_name=vLLM
+env_name="the vLLM ${version} test environment"
+# shellcheck source=env-cache.sh
+. "$here/env-cache.sh"
 
 # build_vllm DIR: a venv at DIR with torch, the pinned requirements and vLLM.
 build_vllm() {
@@ -109,34 +98,10 @@ build_vllm() {
 if [ -n "${KVPOOL_VLLM_ENV_CACHE:-}" ]; then
     # The key changes whenever what would be installed changes: the release,
     # the pins (not the comments), the --no-deps list, the interpreter.
-    key=$( { echo "$version ${no_deps[*]}"; "$python" -c 'import sys; print(sys.version)'
-             sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$requirements"; } | sha256sum | cut -c1-12)
-    base=$KVPOOL_VLLM_ENV_CACHE/vllm-$version-$key
-    if [ -d "$base" ]; then
-        step "cached vLLM $version environment: $base"
-    else
-        mkdir -p "$KVPOOL_VLLM_ENV_CACHE"
-        check_disk "$KVPOOL_VLLM_ENV_CACHE"
-        partial=$(mktemp -d "$base.partial.XXXXXX")
-        trap 'rm -rf "$partial"' EXIT
-        build_vllm "$partial/venv"
-        # Only its site-packages is used (through a .pth), so the tree may
-        # move. mv -T refuses to land on a directory a concurrent build made.
-        if mv -T "$partial/venv" "$base" 2> /dev/null; then
-            step "cached as $base"
-        else
-            step "a concurrent build cached $base first; using that one"
-        fi
-        rm -rf "$partial"
-        trap - EXIT
-    fi
-    step "thin venv: $venv, over the cached packages"
-    "$python" -m venv "$venv"
-    purelib() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))'; }
-    # Appended after the thin venv's own site-packages: its kvpool wins.
-    purelib "$base" > "$(purelib "$venv")/_kvpool_vllm_env_cache.pth"
+    env_cached "$KVPOOL_VLLM_ENV_CACHE/vllm-$version-$(env_key "$version ${no_deps[*]}" "$requirements")" \
+        build_vllm "$venv" _kvpool_vllm_env_cache.pth
 else
-    check_disk "$(dirname "$venv")"
+    env_check_disk "$(dirname "$venv")"
     build_vllm "$venv"
 fi
 

@@ -98,7 +98,7 @@ TESTED: tuple[Tested, ...] = (
         "that evicts, caching off), stock against kvpool: identical tokens, counters and "
         "KV events; a planted wrong-block pool must change the tokens",
         ".ci/vllm-engine-tests.sh",
-        ("0.32.0",),
+        ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0"),
     ),
 )
 

@@ -28,20 +28,26 @@ def engine_env(*, kvpool: bool, kv_cache_gib: int = 1, **extra: str) -> dict[str
     return env
 
 
+def command(model_dir: Path, scenario: dict, work: Path) -> tuple[list[str], Path]:
+    """Write ``scenario`` into ``work`` and return the command that runs it and
+    the path its result will be written to."""
+    work.mkdir(parents=True, exist_ok=True)
+    scenario_file = work / "scenario.json"
+    scenario_file.write_text(json.dumps(scenario))
+    out = work / "out.json"
+    return [sys.executable, str(HERE / "engine_run.py"), str(model_dir), str(scenario_file),
+            str(out)], out
+
+
 def run(model_dir: Path, scenario: dict, work: Path, env: dict[str, str], *,
         stream: bool = False, timeout: float | None = 1800) -> dict:
     """Run ``engine_run.py`` on ``scenario`` in ``work`` and return its JSON result
     (with ``profile``: the path of its cProfile dump, if it wrote one). With
     ``stream`` its standard output (the waves' progress) goes to this one's."""
-    work.mkdir(parents=True, exist_ok=True)
-    scenario_file = work / "scenario.json"
-    scenario_file.write_text(json.dumps(scenario))
-    out = work / "out.json"
+    argv, out = command(model_dir, scenario, work)
     with open(work / "stderr.txt", "w") as err:
         proc = subprocess.run(
-            [sys.executable, str(HERE / "engine_run.py"), str(model_dir), str(scenario_file),
-             str(out)],
-            env=env, cwd=work, stdout=None if stream else subprocess.PIPE, stderr=err,
+            argv, env=env, cwd=work, stdout=None if stream else subprocess.PIPE, stderr=err,
             text=True, timeout=timeout)
     if proc.returncode != 0:
         raise EngineRunFailed(f"engine run failed (exit {proc.returncode}):\n"

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+import launch
+
 HERE = Path(__file__).resolve().parent
 
 try:
@@ -63,28 +65,67 @@ def model_dir(tmp_path_factory) -> Path:
     return make_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
-def run_engine(model_dir: Path, scenario: dict, tmp: Path, *, kvpool: bool,
-               broken: int | str | None = None, leaky: bool = False) -> dict:
-    tmp.mkdir(parents=True, exist_ok=True)
-    scenario_file = tmp / "scenario.json"
-    scenario_file.write_text(json.dumps({**BASE, **scenario}))
-    out = tmp / "out.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
-    if kvpool:
-        env["KVPOOL_VLLM"] = "1"
-    if broken:
-        env["KVPOOL_ENGINE_BROKEN"] = str(broken)
-    if leaky:
-        env["KVPOOL_ENGINE_LEAKY"] = "1"
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "engine_run.py"), str(model_dir), str(scenario_file), str(out)],
-        env=env, cwd=tmp, capture_output=True, text=True, timeout=900,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"engine run failed ({'kvpool' if kvpool else 'stock'}):\n"
-                    f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}", pytrace=False)
-    return json.loads(out.read_text())
+#: How many engine runs at once (each its own process; the machine has two
+#: cores). The comparisons do not depend on timing (see ``_per_block``), so a
+#: test's stock and kvpool runs go side by side.
+JOBS = max(1, int(os.environ.get("KVPOOL_ENGINE_JOBS", "2")))
+
+
+class EngineRun:
+    """One ``engine_run.py`` process, started at once; ``result()`` waits."""
+
+    def __init__(self, model_dir: Path, scenario: dict, tmp: Path, *, kvpool: bool,
+                 broken: int | str | None = None, leaky: bool = False) -> None:
+        self.what = "kvpool" if kvpool else "stock"
+        extra = {}
+        if broken:
+            extra["KVPOOL_ENGINE_BROKEN"] = str(broken)
+        if leaky:
+            extra["KVPOOL_ENGINE_LEAKY"] = "1"
+        argv, self.out = launch.command(model_dir, {**BASE, **scenario}, tmp)
+        # Output to files, not pipes: two runs at once must not block on a
+        # full pipe while the other is waited for.
+        self.stdout, self.stderr = (tmp / "stdout.txt").open("w+"), (tmp / "stderr.txt").open("w+")
+        self.proc = subprocess.Popen(argv, env=launch.engine_env(kvpool=kvpool, **extra), cwd=tmp,
+                                     stdout=self.stdout, stderr=self.stderr, text=True)
+
+    def result(self) -> dict:
+        try:
+            returncode = self.proc.wait(900)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            returncode = "killed after 900 s"
+        outputs = []
+        for stream in (self.stdout, self.stderr):
+            stream.seek(0)
+            outputs.append(stream.read())
+            stream.close()
+        if returncode != 0:
+            pytest.fail(f"engine run failed ({self.what}, exit {returncode}):\n"
+                        f"{outputs[0][-3000:]}\n{outputs[1][-6000:]}", pytrace=False)
+        return json.loads(self.out.read_text())
+
+
+def run_engines(model_dir: Path, runs: list[tuple[dict, Path, dict]]) -> list[dict]:
+    """Each run given as (scenario, tmp, keyword arguments of ``EngineRun``),
+    up to ``JOBS`` at a time; their results in order."""
+    results: list[dict] = []
+    for start in range(0, len(runs), JOBS):
+        started = [EngineRun(model_dir, scenario, tmp, **kwargs)
+                   for scenario, tmp, kwargs in runs[start:start + JOBS]]
+        try:
+            results += [run.result() for run in started]
+        finally:
+            for run in started:
+                if run.proc.poll() is None:
+                    run.proc.kill()
+                    run.proc.wait()
+    return results
+
+
+#: Stock runs by scenario name, for the tests that need one again.
+_stock: dict[str, dict] = {}
 
 
 def _per_block(batches: list) -> list:
@@ -129,8 +170,9 @@ def _first_difference(a: list, b: list) -> str:
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_engine_identical_with_kvpool(name: str, model_dir: Path, tmp_path: Path) -> None:
     scenario = SCENARIOS[name]
-    stock = run_engine(model_dir, scenario, tmp_path / "stock", kvpool=False)
-    ours = run_engine(model_dir, scenario, tmp_path / "kvpool", kvpool=True)
+    stock, ours = run_engines(model_dir, [(scenario, tmp_path / "stock", {"kvpool": False}),
+                                          (scenario, tmp_path / "kvpool", {"kvpool": True})])
+    _stock[name] = stock
     assert_same_run(scenario, stock, ours, evicts=name == "eviction")
 
 
@@ -168,8 +210,14 @@ def assert_same_run(scenario: dict, stock: dict, ours: dict, *, evicts: bool = F
 
 
 def test_broken_pool_is_caught(model_dir: Path, tmp_path: Path) -> None:
-    stock = run_engine(model_dir, {}, tmp_path / "stock", kvpool=False)
-    broken = run_engine(model_dir, {}, tmp_path / "broken", kvpool=True, broken=7)
+    # The stock run of prefix-inproc (the same scenario) if that test ran.
+    scenario = SCENARIOS["prefix-inproc"]
+    broken_run = (scenario, tmp_path / "broken", {"kvpool": True, "broken": 7})
+    if "prefix-inproc" in _stock:
+        stock, (broken,) = _stock["prefix-inproc"], run_engines(model_dir, [broken_run])
+    else:
+        stock, broken = run_engines(model_dir, [(scenario, tmp_path / "stock", {"kvpool": False}),
+                                                broken_run])
     assert broken["pool_class"].endswith("BrokenBlockPool")
     assert broken["tokens"] != stock["tokens"], (
         "a pool returning wrong cached blocks generated the same tokens: the model "

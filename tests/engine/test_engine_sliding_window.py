@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from test_engine_identity import assert_same_run, run_engine
+from test_engine_identity import assert_same_run, run_engines
 
 HERE = Path(__file__).resolve().parent
 
@@ -63,20 +63,23 @@ def sw_model_dir(tmp_path_factory) -> Path:
     return make_model(tmp_path_factory.mktemp("tiny-llama-sw"), sliding_window=WINDOW)
 
 
-def stock_run(name: str, model_dir: Path, tmp: Path) -> dict:
-    """The stock engine's run of a scenario, once per session."""
-    if name not in _stock:
-        _stock[name] = run_engine(model_dir, {**SW_BASE, **SCENARIOS[name]}, tmp / "stock",
-                                  kvpool=False)
-    return _stock[name]
+def runs(name: str, model_dir: Path, tmp: Path, **kvpool_run) -> tuple[dict, dict]:
+    """The stock engine's run of a scenario (once per session) and a kvpool
+    run of it (``kvpool_run``: ``EngineRun``'s keyword arguments), side by side."""
+    scenario = {**SW_BASE, **SCENARIOS[name]}
+    ours = (scenario, tmp / "kvpool", {"kvpool": True, **kvpool_run})
+    if name in _stock:
+        return _stock[name], run_engines(model_dir, [ours])[0]
+    _stock[name], result = run_engines(model_dir, [(scenario, tmp / "stock", {"kvpool": False}),
+                                                    ours])
+    return _stock[name], result
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_engine_identical_with_kvpool_sliding_window(name: str, sw_model_dir: Path,
                                                       tmp_path: Path) -> None:
     scenario = {**SW_BASE, **SCENARIOS[name]}
-    stock = stock_run(name, sw_model_dir, tmp_path)
-    ours = run_engine(sw_model_dir, scenario, tmp_path / "kvpool", kvpool=True)
+    stock, ours = runs(name, sw_model_dir, tmp_path)
     assert_same_run(scenario, stock, ours, evicts=name == "sw-eviction")
     if not scenario.get("multiprocess"):
         # Two KV-cache groups, full and a 64-token sliding window: a model
@@ -94,10 +97,7 @@ def test_broken_pool_is_caught_sliding_window(sw_model_dir: Path, tmp_path: Path
     1): a fault only there must show too (on any group's hits, 55 of the 64
     requests change; on the window group's only, 14)."""
     broken = "7:1"
-    name = "sw-prefix-inproc"
-    stock = stock_run(name, sw_model_dir, tmp_path)
-    ours = run_engine(sw_model_dir, {**SW_BASE, **SCENARIOS[name]}, tmp_path / "broken",
-                      kvpool=True, broken=broken)
+    stock, ours = runs("sw-prefix-inproc", sw_model_dir, tmp_path, broken=broken)
     assert ours["pool_class"].endswith("BrokenBlockPool")
     assert ours["kv_cache_groups"] == GROUPS
     assert ours["tokens"] != stock["tokens"], (

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from soak import problems
-from test_engine_identity import BASE, model_dir, run_engine  # noqa: F401 (a fixture)
+from test_engine_identity import BASE, model_dir, run_engines  # noqa: F401 (a fixture)
 
 SOAK = {
     "num_requests": 32,
@@ -28,25 +26,34 @@ SOAK = {
 WARMUP = 2
 
 
-@pytest.fixture(scope="module")
-def stock_soak(model_dir: Path, tmp_path_factory) -> dict:
-    return run_engine(model_dir, SOAK, tmp_path_factory.mktemp("soak-stock"), kvpool=False)
+#: The stock soak run, once per session (the leak test compares with it too).
+_stock: list[dict] = []
 
 
-def test_soak_flat_and_identical(stock_soak: dict, model_dir: Path, tmp_path: Path) -> None:
-    ours = run_engine(model_dir, SOAK, tmp_path, kvpool=True)
+def runs(model_dir: Path, tmp: Path, **kvpool_run) -> tuple[dict, dict]:
+    """The stock soak run and a kvpool one (``kvpool_run``: ``EngineRun``'s
+    keyword arguments), side by side."""
+    ours = (SOAK, tmp / "kvpool", {"kvpool": True, **kvpool_run})
+    if _stock:
+        return _stock[0], run_engines(model_dir, [ours])[0]
+    stock, result = run_engines(model_dir, [(SOAK, tmp / "stock", {"kvpool": False}), ours])
+    _stock.append(stock)
+    return stock, result
+
+
+def test_soak_flat_and_identical(model_dir: Path, tmp_path: Path) -> None:
+    stock, ours = runs(model_dir, tmp_path)
     scenario = {**BASE, **SOAK}
     assert ours["pool_class"].startswith("kvpool."), ours["pool_class"]
-    assert not problems(stock_soak, ours, scenario, WARMUP), problems(stock_soak, ours, scenario,
-                                                                      WARMUP)
-    assert ours["events"] == stock_soak["events"]
+    found = problems(stock, ours, scenario, WARMUP)
+    assert not found, found
+    assert ours["events"] == stock["events"]
     assert sum(w["reset_prefix_cache"] for w in ours["waves"]) == SOAK["waves"] // 3
 
 
-def test_leaky_pool_is_caught(stock_soak: dict, model_dir: Path, tmp_path: Path) -> None:
-    leaky = run_engine(model_dir, SOAK, tmp_path, kvpool=True, leaky=True)
+def test_leaky_pool_is_caught(model_dir: Path, tmp_path: Path) -> None:
+    stock, leaky = runs(model_dir, tmp_path, leaky=True)
     assert leaky["pool_class"].endswith("LeakyBlockPool")
-    found = problems(stock_soak, leaky, {**BASE, **SOAK}, WARMUP)
+    found = problems(stock, leaky, {**BASE, **SOAK}, WARMUP)
     assert any("live objects grew" in p for p in found), (
         f"a pool keeping every block list it hands out passed the soak check: {found}")
-
