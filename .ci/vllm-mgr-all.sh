@@ -12,6 +12,8 @@
 # usage: .ci/vllm-mgr-all.sh [RELEASES...]
 #   default: the newest release of each line in kvpool.vllm.VLLM_LINES
 # Environment:
+#   KVPOOL_WHEEL  a kvpool wheel to install (.ci/run builds one for all steps);
+#                 unset: one is built from this checkout
 #   KVPOOL_MGR_PYTHON       the python of an existing overlay environment to
 #                           use instead of building one (kvpool is then taken
 #                           from this checkout: build its core in place first,
@@ -37,11 +39,11 @@ if [ -n "${KVPOOL_MGR_PYTHON:-}" ]; then
     python=$KVPOOL_MGR_PYTHON
     kvpool_path=$repo
 else
-    echo "== kvpool wheel from $repo"
-    "${PYTHON:-python3}" -m pip --disable-pip-version-check wheel -q --no-deps \
-        -w "$tmp/wheel" "$repo"
+    # shellcheck source=kvpool-wheel.sh
+    . "$here/kvpool-wheel.sh"
+    kvpool_wheel "$repo" "$tmp/wheel"
     echo "== the overlay environment (vLLM 0.33.0's, with kvpool)"
-    bash "$here/vllm-env.sh" --vllm 0.33.0 "$tmp/venv" "$(echo "$tmp"/wheel/kvpool-*.whl)"
+    bash "$here/vllm-env.sh" --vllm 0.33.0 "$tmp/venv" "$kvpool_wheel"
     python=$tmp/venv/bin/python
     kvpool_path=
 fi

@@ -11,7 +11,8 @@
 #            default: a thin venv over the cached 0.33.0 environment
 #            (.ci/vllm-env.sh, KVPOOL_VLLM_ENV_CACHE as in .ci/vllm-tests.sh)
 #            holding kvpool built from this checkout, removed at the end.
-# Environment: KVPOOL_OWN_SKIP_MISSING, KVPOOL_OWN_MODES, KVPOOL_OWN_JOBS
+# Environment: KVPOOL_OWN_SKIP_MISSING, KVPOOL_OWN_MODES, KVPOOL_OWN_JOBS,
+#   KVPOOL_WHEEL (a kvpool wheel to install; unset: built from this checkout)
 # (see .ci/vllm-own-tests.sh).
 set -euo pipefail
 
@@ -28,8 +29,8 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvpool-vllm-own-all.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 if [ -z "$python" ]; then
     export KVPOOL_VLLM_ENV_CACHE=${KVPOOL_VLLM_ENV_CACHE-${XDG_CACHE_HOME:-$HOME/.cache}/kvpool/vllm-envs}
-    echo "== vllm-own-all: environment (vLLM 0.33.0's, kvpool from $repo)"
-    bash "$here/vllm-env.sh" --vllm 0.33.0 "$tmp/venv" "$repo" > "$tmp/env.log" 2>&1 || {
+    echo "== vllm-own-all: environment (vLLM 0.33.0's, kvpool from ${KVPOOL_WHEEL:-$repo})"
+    bash "$here/vllm-env.sh" --vllm 0.33.0 "$tmp/venv" "${KVPOOL_WHEEL:-$repo}" > "$tmp/env.log" 2>&1 || {
         tail -n 20 "$tmp/env.log"
         echo "!!!!! vllm-own-all: could not build the environment !!!!!" >&2
         exit 1

@@ -15,6 +15,8 @@
 #   --vllm-only  only the harness: the release's pool against itself and the
 #                broken pools (for a release kvpool has no line for yet)
 # Environment:
+#   KVPOOL_WHEEL  a kvpool wheel to install (.ci/run builds one for all steps);
+#                 unset: one is built from this checkout
 #   KVPOOL_RELEASE_SEEDS_NEWEST  seeds for the newest release of each line
 #                                (default 48)
 #   KVPOOL_RELEASE_SEEDS_OTHER   seeds for every other release (default 16)
@@ -41,11 +43,9 @@ fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvpool-release.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
-echo "== kvpool wheel from $repo"
-started=$SECONDS
-"$python" -m pip --disable-pip-version-check wheel -q --no-deps -w "$tmp/wheel" "$repo"
-kvpool_wheel=$(echo "$tmp"/wheel/kvpool-*.whl)
-echo "   $(basename "$kvpool_wheel") ($((SECONDS - started))s)"
+# shellcheck source=kvpool-wheel.sh
+. "$here/kvpool-wheel.sh"
+PYTHON=$python kvpool_wheel "$repo" "$tmp/wheel"
 
 echo "== environment: vLLM 0.33.0's packages, kvpool installed"
 venv=$tmp/venv

@@ -14,6 +14,8 @@
 #
 # usage: .ci/vllm-tests.sh [REPO]   (default: this checkout)
 # Environment:
+#   KVPOOL_WHEEL  a kvpool wheel to install (.ci/run builds one for all steps);
+#                 unset: one is built from this checkout
 #   KVPOOL_VLLM_VERSIONS     releases to run (default: "0.15.1 0.16.0 0.33.0")
 #   KVPOOL_VLLM_ENV_CACHE    where vLLM environments are cached between runs
 #                            (default: ~/.cache/kvpool/vllm-envs; empty: build
@@ -34,12 +36,9 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvpool-vllm.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
 # kvpool is compiled once, into a wheel every release's venv installs.
-echo "== kvpool wheel from $repo"
-started=$SECONDS
-"${PYTHON:-python3}" -m pip --disable-pip-version-check wheel -q --no-deps \
-    -w "$tmp/wheel" "$repo"
-kvpool_wheel=$(echo "$tmp"/wheel/kvpool-*.whl)
-echo "   $(basename "$kvpool_wheel") ($((SECONDS - started))s)"
+# shellcheck source=kvpool-wheel.sh
+. "$here/kvpool-wheel.sh"
+kvpool_wheel "$repo" "$tmp/wheel"
 
 summary=()
 failed=0
