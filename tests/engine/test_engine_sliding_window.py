@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from test_engine_identity import assert_same_run, run_engines
+from test_engine_identity import assert_same_run, with_stock
 
 HERE = Path(__file__).resolve().parent
 
@@ -52,8 +52,6 @@ GROUPS = [
     ["SlidingWindowSpec", WINDOW, [LAYERS[1]], "SlidingWindowManager"],
 ]
 
-_stock: dict[str, dict] = {}
-
 
 @pytest.fixture(scope="session")
 def sw_model_dir(tmp_path_factory) -> Path:
@@ -64,15 +62,8 @@ def sw_model_dir(tmp_path_factory) -> Path:
 
 
 def runs(name: str, model_dir: Path, tmp: Path, **kvpool_run) -> tuple[dict, dict]:
-    """The stock engine's run of a scenario (once per session) and a kvpool
-    run of it (``kvpool_run``: ``EngineRun``'s keyword arguments), side by side."""
-    scenario = {**SW_BASE, **SCENARIOS[name]}
-    ours = (scenario, tmp / "kvpool", {"kvpool": True, **kvpool_run})
-    if name in _stock:
-        return _stock[name], run_engines(model_dir, [ours])[0]
-    _stock[name], result = run_engines(model_dir, [(scenario, tmp / "stock", {"kvpool": False}),
-                                                    ours])
-    return _stock[name], result
+    """The stock run of a scenario (once per session) and a kvpool run of it."""
+    return with_stock(model_dir, name, {**SW_BASE, **SCENARIOS[name]}, tmp, **kvpool_run)
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from soak import problems
-from test_engine_identity import BASE, model_dir, run_engines  # noqa: F401 (a fixture)
+from test_engine_identity import BASE, model_dir, with_stock  # noqa: F401 (a fixture)
 
 SOAK = {
     "num_requests": 32,
@@ -26,19 +26,10 @@ SOAK = {
 WARMUP = 2
 
 
-#: The stock soak run, once per session (the leak test compares with it too).
-_stock: list[dict] = []
-
-
 def runs(model_dir: Path, tmp: Path, **kvpool_run) -> tuple[dict, dict]:
-    """The stock soak run and a kvpool one (``kvpool_run``: ``EngineRun``'s
-    keyword arguments), side by side."""
-    ours = (SOAK, tmp / "kvpool", {"kvpool": True, **kvpool_run})
-    if _stock:
-        return _stock[0], run_engines(model_dir, [ours])[0]
-    stock, result = run_engines(model_dir, [(SOAK, tmp / "stock", {"kvpool": False}), ours])
-    _stock.append(stock)
-    return stock, result
+    """The stock soak run (once per session: the leak test compares with it
+    too) and a kvpool one (``kvpool_run``: ``EngineRun``'s keyword arguments)."""
+    return with_stock(model_dir, "soak", SOAK, tmp, **kvpool_run)
 
 
 def test_soak_flat_and_identical(model_dir: Path, tmp_path: Path) -> None:
