@@ -17,6 +17,14 @@ if not os.environ.get("KVPOOL_NO_EXTENSIONS"):
                 ["kvpool/_core.pyx"],
                 extra_compile_args=["-O3"],
             ),
+            # vLLM's KV-cache manager hot paths, over the core's pool data
+            # (cimports kvpool/_core.pxd).
+            Extension(
+                "kvpool._manager",
+                ["kvpool/_manager.pyx"],
+                depends=["kvpool/_core.pxd", "kvpool/_manager.pxd"],
+                extra_compile_args=["-O3"],
+            ),
             # The block hasher: C serialisers, SHA-256 (_sha256.h) and the
             # vendored xxHash header (kvpool/_vendor/xxhash), all compiled in;
             # the module needs no shared library beyond libc.

@@ -80,6 +80,9 @@ class VLLMLine:
     #: Imported only by ``block_pool()``, so that a line's facade never loads
     #: with this module.
     module: str
+    #: The module whose ``KVCacheManager`` the scheduler builds instead of
+    #: vLLM's (``kvpool.vllm_manager``), or ``None``: vLLM's manager.
+    manager: str | None = None
 
     def block_pool(self) -> type:
         """The line's pool as installed into vLLM: ``self.module``'s
@@ -117,10 +120,10 @@ VLLM_LINES = (
     # 0.29-0.32: the 0.33 line minus what each later release added, one
     # package per release (kvpool/v0_32 ... v0_29 say what differs).
     VLLMLine("0.29", ("0.29.0",), "kvpool.v0_29"),
-    VLLMLine("0.30", ("0.30.0",), "kvpool.v0_30"),
-    VLLMLine("0.31", ("0.31.0",), "kvpool.v0_31"),
-    VLLMLine("0.32", ("0.32.0",), "kvpool.v0_32"),
-    VLLMLine("0.33", ("0.33.0",), "kvpool.v0_33"),
+    VLLMLine("0.30", ("0.30.0",), "kvpool.v0_30", "kvpool.v0_30.kv_cache_manager"),
+    VLLMLine("0.31", ("0.31.0",), "kvpool.v0_31", "kvpool.v0_31.kv_cache_manager"),
+    VLLMLine("0.32", ("0.32.0",), "kvpool.v0_32", "kvpool.v0_32.kv_cache_manager"),
+    VLLMLine("0.33", ("0.33.0",), "kvpool.v0_33", "kvpool.v0_33.kv_cache_manager"),
 )
 
 #: The release series of the first line, as (major, minor); kept for code
@@ -267,16 +270,21 @@ def install(*, force: bool = False) -> bool:
         except ImportError as exc:  # an engine core that cannot import here
             logger.warning("kvpool's request block hasher not installed: %s", exc)
             hasher = False
+        # And the line's KV-cache manager, unless KVPOOL_VLLM_MANAGER=0.
+        from kvpool.vllm_manager import install_manager
+
+        manager = install_manager(line)
         _saved_env.append(os.environ.get(ENV_VAR))
         os.environ[ENV_VAR] = "force" if force else "1"
         logger.info(
             "kvpool BlockPool of the %s line (%s.BlockPool) installed into vLLM %s "
-            "(%s core); request block hasher: %s",
+            "(%s core); request block hasher: %s; KV-cache manager: %s",
             line.name,
             line.module,
             version,
             "compiled" if USING_EXTENSION else "pure-Python",
             "kvpool's" if hasher else "vLLM's",
+            "kvpool's" if manager else "vLLM's",
         )
         return True
 
@@ -304,6 +312,9 @@ def uninstall() -> bool:
         from kvpool.vllm_hasher import uninstall_hasher
 
         uninstall_hasher()
+        from kvpool.vllm_manager import uninstall_manager
+
+        uninstall_manager()
         previous = _saved_env.pop()
         if previous is None:
             os.environ.pop(ENV_VAR, None)

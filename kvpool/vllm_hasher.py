@@ -25,6 +25,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from ._rebind import Rebinding
+
 __all__ = [
     "ENV_VAR",
     "SUPPORTED_VLLM_LINES",
@@ -44,11 +46,8 @@ ENV_VAR = "KVPOOL_VLLM_HASHER"
 #: 0.16.0 have the same ``kv_cache_utils``.
 SUPPORTED_VLLM_LINES = ((0, 15), (0, 16), (0, 33))
 
-# Modules whose global name ``get_request_block_hasher`` is rebound.
-_PATCHED_MODULES = ("vllm.v1.engine.core",)
-
 _lock = threading.RLock()
-_originals: dict[ModuleType, Any] = {}
+_rebinding = Rebinding("get_request_block_hasher", ("vllm.v1.engine.core",))
 
 
 def hasher_enabled() -> bool:
@@ -170,10 +169,8 @@ def install_hasher(*, force: bool = False) -> bool:
     ``KVPOOL_VLLM_HASHER=0``, if the compiled hasher is not available (no
     extension, or ``KVPOOL_NO_EXTENSIONS``), or if the vLLM release is not of
     a supported line (``force=True`` skips that check)."""
-    import importlib
-
     with _lock:
-        if _originals:
+        if _rebinding.installed:
             return False
         if not hasher_enabled():
             logger.info("%s=%s: vLLM keeps its own request block hasher",
@@ -193,11 +190,7 @@ def install_hasher(*, force: bool = False) -> bool:
         from vllm.v1.core import kv_cache_utils
 
         _vllm_get_request_block_hasher(kv_cache_utils)  # remember vLLM's own
-        modules = [importlib.import_module(name) for name in _PATCHED_MODULES]
-        for module in modules:
-            _originals[module] = module.get_request_block_hasher
-        for module in modules:
-            module.get_request_block_hasher = get_request_block_hasher
+        _rebinding.install(get_request_block_hasher)
         logger.info("kvpool request block hasher installed into vLLM")
         return True
 
@@ -206,15 +199,12 @@ def uninstall_hasher() -> bool:
     """Give vLLM's engine core its own hasher back (for engines built from
     now on). Returns ``True`` if kvpool's was installed."""
     with _lock:
-        if not _originals:
+        if not _rebinding.uninstall():
             return False
-        for module, original in _originals.items():
-            module.get_request_block_hasher = original
-        _originals.clear()
         logger.info("kvpool request block hasher uninstalled from vLLM")
         return True
 
 
 def hasher_installed() -> bool:
     """Whether ``install_hasher()`` is in effect in this process."""
-    return bool(_originals)
+    return _rebinding.installed

@@ -86,6 +86,7 @@ from vllm.utils.hashing import sha256
 from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_metrics import KVCacheMetricsCollector
+from vllm.v1.core.sched import scheduler as _scheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import KVCacheSpec, MambaSpec
 from vllm.v1.request import Request, RequestStatus
@@ -150,14 +151,17 @@ class Run(_v15.Run):
 
 def make_manager(w: Workload) -> KVCacheManager:
     """vLLM's ``KVCacheManager`` as the 0.33 scheduler builds it: stats on,
-    prefix caching and events as the workload says. Its pool is whatever
-    class ``vllm.v1.core.kv_cache_coordinator.BlockPool`` names right now."""
+    prefix caching and events as the workload says. Its class is whatever
+    the scheduler's module names ``KVCacheManager`` right now (kvpool's
+    manager once ``kvpool.vllm.install()`` put it there), its pool whatever
+    class ``vllm.v1.core.kv_cache_coordinator.BlockPool`` names."""
+    manager_class = _scheduler.KVCacheManager
     collector = (
         KVCacheMetricsCollector(w.metrics_sample_rate)
         if w.metrics_sample_rate is not None
         else None
     )
-    return KVCacheManager(
+    return manager_class(
         kv_cache_config=kv_cache_config(w),
         max_model_len=w.max_model_len,
         max_in_flight_tokens=w.token_budget,  # one batch in flight
@@ -172,7 +176,7 @@ def make_manager(w: Workload) -> KVCacheManager:
         metrics_collector=collector,
         watermark=0.0,
         **accepted(
-            KVCacheManager.__init__,
+            manager_class.__init__,
             num_hash_lookahead_tokens=0,  # 0.33.0
             num_prefill_lookahead=0,  # 0.28.0
             enable_mamba_fine_grained_prefix_cache=False,  # 0.30.0 only

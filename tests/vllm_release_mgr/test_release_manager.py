@@ -265,3 +265,105 @@ def test_a_broken_pool_is_caught(base: str, breakage, where: str) -> None:
     assert diff is not None, f"{breakage.__name__} over {base}'s pool went unnoticed"
     assert where in diff, diff
     assert first_difference(expected.trace, candidate_run(pool_class, w).trace) is None
+
+
+# kvpool's KV-cache manager (the lines that have one): the scheduler builds
+# its manager through this module's name ``KVCacheManager``.
+_MANAGER_NAME_MODULE = importlib.import_module("vllm.v1.core.sched.scheduler")
+
+# The workloads kvpool's compiled manager paths serve; the others must fall
+# back to vLLM's code for the reason named.
+_FALLBACK = {"mamba-cow": "a MambaManager group"}
+
+
+def kvpool_manager_class() -> type:
+    """kvpool's manager of this release's line; a skip where it has none (or
+    the compiled core is missing: the manager paths are compiled only)."""
+    line = kvpool_line()
+    if line.manager is None:
+        pytest.skip(f"kvpool's {line.name} line has no KV-cache manager")
+    if "compiled" not in CORES:
+        pytest.skip("kvpool's manager paths need the compiled core")
+    return importlib.import_module(line.manager).KVCacheManager
+
+
+@contextlib.contextmanager
+def manager_in_vllm(manager_class: type, pool_class: type) -> Iterator[None]:
+    """vLLM's scheduler name builds ``manager_class`` over ``pool_class``
+    inside the block, as ``kvpool.vllm.install()`` puts them in."""
+    saved = _MANAGER_NAME_MODULE.KVCacheManager
+    _MANAGER_NAME_MODULE.KVCacheManager = manager_class
+    try:
+        with pool_in_vllm(pool_class):
+            yield
+    finally:
+        _MANAGER_NAME_MODULE.KVCacheManager = saved
+
+
+def manager_run(manager_class: type, w: vw.Workload) -> tuple[vw.Run, list]:
+    """A run with kvpool's pool and ``manager_class``; the managers built."""
+    pool_class = vllm_block_pool_class(kvpool_line().name, CORES["compiled"])
+    managers: list = []
+    with manager_in_vllm(manager_class, pool_class):
+        r = vw.run(w, on_manager=managers.append)
+    assert managers and all(type(m) is manager_class for m in managers)
+    return r, managers
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS), indirect=True)
+def test_kvpool_manager_against_vllm(workload: vw.Workload, request: pytest.FixtureRequest) -> None:
+    """vLLM's manager over vLLM's pool against kvpool's manager over kvpool's
+    pool: the same trace, events and counters; the compiled paths must have
+    served the workload (or have refused it for the reason expected)."""
+    key = request.node.callspec.params["workload"]
+    manager_class = kvpool_manager_class()
+    expected = reference_run(key, workload)
+    got, managers = manager_run(manager_class, workload)
+    assert_same(expected, got, f"kvpool's {kvpool_line().name} manager")
+    for m in managers:
+        if key in _FALLBACK:
+            assert m._kvpool_plan is None and m.kvpool_fallback_reason == _FALLBACK[key]
+        else:
+            assert m.kvpool_fallback_reason is None
+            counts = m._kvpool_plan.counts
+            assert counts["fast"] > counts["base"], counts
+            if workload.enable_caching:
+                # Requests with prefix-cache hits to adopt go to vLLM's code.
+                assert counts["base"] > 0 and counts["cache_calls"] > 0, counts
+                # A full-attention block larger than the hash block may
+                # register a partial tail on any step: vLLM's code decides.
+                if not any(
+                    g.kind == "full" and g.block_size != workload.hash_block_size
+                    for g in workload.groups
+                ):
+                    assert counts["cache_skips"] > 0, counts
+
+
+def broken_manager(manager_class: type) -> type:
+    """kvpool's manager, broken in one detail: every 13th ``allocate_slots``
+    taken by the compiled path leaves its new full blocks uncached (as if
+    ``delay_cache_blocks`` were set), so later requests miss hits."""
+
+    class BrokenKVCacheManager(manager_class):  # type: ignore[misc, valid-type]
+        _calls = 0
+
+        def allocate_slots(self, request, num_new_tokens, *args, **kwargs):
+            BrokenKVCacheManager._calls += 1
+            if BrokenKVCacheManager._calls % 13 == 0 and not args:
+                kwargs["delay_cache_blocks"] = True
+            return super().allocate_slots(request, num_new_tokens, *args, **kwargs)
+
+    return BrokenKVCacheManager
+
+
+def test_a_broken_manager_is_caught() -> None:
+    """The manager comparison is not vacuous: kvpool's manager broken in one
+    detail fails it, naming the first difference; unbroken it passes."""
+    manager_class = kvpool_manager_class()
+    w = WORKLOADS["full"].scaled(num_requests=_n(150))
+    expected = vw.run(w)
+    broken, _ = manager_run(broken_manager(manager_class), w)
+    diff = first_difference(expected.trace, broken.trace)
+    assert diff is not None, "a manager that skips caching went unnoticed"
+    good, _ = manager_run(manager_class, w)
+    assert first_difference(expected.trace, good.trace) is None

@@ -1,0 +1,49 @@
+# Data layout of the compiled KV-cache manager paths (see _manager.pyx for
+# the why). The pool's data is the core's: _manager.pyx cimports PoolCore.
+
+
+cdef class _Group:
+    # One of vLLM's single-type managers (FullAttentionManager or
+    # SlidingWindowManager), with what its hot paths read, fixed when the
+    # manager is built.
+    cdef object mgr               # vLLM's manager object itself
+    cdef Py_ssize_t block_size
+    cdef bint sliding
+    # SlidingWindowManager.get_num_skipped_tokens(n) = max(0, n - skip_off)
+    cdef Py_ssize_t skip_off      # sliding_window - 1 + extra_retained_tokens
+    cdef bint has_cap             # max_admission_blocks_per_request is set
+    cdef Py_ssize_t cap
+    cdef bint caching             # the manager's enable_caching
+    cdef bint partial_tail        # FullAttentionManager with block_size != hash_block_size
+    cdef bint record_ids          # _record_new_block_ids
+
+
+cdef class ManagerPlan:
+    # Everything allocate_slots() and cache_blocks() need that does not change
+    # while the manager lives; built once by plan_for().
+    cdef tuple groups             # of _Group, in kv_cache_group_id order
+    cdef Py_ssize_t ngroups
+    cdef bint any_sliding
+    cdef object pool              # the coordinator's block pool
+    cdef object pool_core         # the same pool if its free count is the core's, else None
+    cdef object null_block
+    cdef object coordinator
+    cdef object empty             # manager.empty_kv_cache_blocks
+    cdef object empty_blocks      # empty.blocks
+    cdef object kv_cache_blocks   # vLLM's KVCacheBlocks class
+    cdef object base_allocate_slots   # vLLM's KVCacheManager.allocate_slots
+    cdef object base_cache_blocks     # vLLM's KVCacheManager.cache_blocks
+    cdef object waiting           # RequestStatus.WAITING
+    cdef object preempted         # RequestStatus.PREEMPTED
+    cdef Py_ssize_t max_model_len
+    cdef Py_ssize_t watermark_blocks
+    cdef Py_ssize_t reprefillable # coordinator.num_reprefillable_tokens
+    cdef Py_ssize_t hash_block_size
+    cdef bint hybrid              # a HybridKVCacheCoordinator (no reprefillable cut)
+    cdef bint cap_at_hashed       # 0.33: cache_blocks stops at the hashed tokens
+    cdef bint caching             # any group caches
+    # How the calls went, for tests and benchmarks (``ManagerPlan.counts``).
+    cdef Py_ssize_t n_fast        # allocate_slots done here
+    cdef Py_ssize_t n_base        # allocate_slots handed to vLLM's method
+    cdef Py_ssize_t n_cache_calls # coordinator.cache_blocks called from here
+    cdef Py_ssize_t n_cache_skips # cache_blocks with nothing to cache

@@ -1,0 +1,449 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Compiled hot paths of vLLM's ``KVCacheManager`` (the 0.32 and 0.33 lines).
+
+What the scheduler calls for every running request on every step --
+``allocate_slots`` for one more token and the async scheduler's
+``cache_blocks`` -- is, in vLLM, a dozen Python calls through the
+coordinator and each single-type manager, most of which find nothing to do:
+no new block is needed, no block became full, nothing left the sliding
+window. Here each is one C call that reads the request's counts, decides
+what vLLM's code would do, does the common case itself and hands every
+other case to vLLM's own code. Why this shape:
+
+* vLLM's object model stays: the state is vLLM's own (each single-type
+  manager's ``req_to_blocks`` lists and ``num_cached_block`` dict, the
+  coordinator, ``KVCacheBlocks``), read and written here in place, so
+  whatever the scheduler, a connector or a test reads of the manager is
+  there and means the same. kvpool's manager is a subclass of the release's
+  ``KVCacheManager`` whose two methods are the functions below.
+* Exact by construction: a call is decided before anything changes. If any
+  input is outside the case handled here (prefix-cache hits to adopt,
+  external tokens, a partial-hit copy-on-write pending, a non-int argument,
+  ...) the whole call goes to vLLM's method unchanged. Inside the case, the
+  rare steps with real work -- blocks leaving the window, new blocks filling
+  up -- call the same vLLM methods vLLM's own path would, with the same
+  arguments, in the same order; only the do-nothing steps and the
+  arithmetic are done here.
+* What is fixed for the manager's life (group block sizes, windows, which
+  groups cache, the watermark, the pool) is read once into a
+  ``ManagerPlan`` when the manager is built; ``plan_for`` refuses (with the
+  reason, logged once by the caller) any configuration outside the scope,
+  and such a manager runs vLLM's code throughout.
+* The pool's free count is read from the core's store when the pool is
+  kvpool's compiled one (``cimport`` of ``PoolCore``): no call.
+"""
+
+cimport cython
+from cpython.dict cimport PyDict_Contains, PyDict_GetItem
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
+from cpython.object cimport PyObject, PyObject_GetItem
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+
+from kvpool._core cimport KVCacheBlock, PoolCore
+
+cdef extern from "Python.h":
+    bint PyLong_CheckExact(object o)
+    bint PyList_CheckExact(object o)
+    bint PyDict_Check(object o)
+    Py_ssize_t PyLong_AsSsize_t(object o) except? -1
+
+
+# Largest count taken by the fast path; anything larger goes to vLLM's code
+# (so no sum below can overflow).
+DEF MAX_COUNT = 1 << 40
+
+
+cdef inline bint _count(object o, Py_ssize_t *out) except -1:
+    """``o`` is an exact int in [-MAX_COUNT, MAX_COUNT]: store it, True."""
+    cdef Py_ssize_t v
+    if not PyLong_CheckExact(o):
+        return False
+    try:
+        v = PyLong_AsSsize_t(o)
+    except OverflowError:
+        return False
+    if v < -MAX_COUNT or v > MAX_COUNT:
+        return False
+    out[0] = v
+    return True
+
+
+cdef inline Py_ssize_t _cdiv(Py_ssize_t a, Py_ssize_t b) noexcept:
+    # vLLM's cdiv, -(a // -b): the ceiling of a / b (b > 0; C's division
+    # truncates toward zero, which is the ceiling for a negative a).
+    return (a + b - 1) // b if a > 0 else a // b
+
+
+cdef inline Py_ssize_t _floordiv(Py_ssize_t a, Py_ssize_t b) noexcept:
+    # Python's a // b (b > 0): C truncates toward zero.
+    if a >= 0:
+        return a // b
+    return -((-a + b - 1) // b)
+
+
+@cython.final
+cdef class _Group:
+    pass
+
+
+@cython.final
+cdef class ManagerPlan:
+    """What kvpool's manager paths read of a ``KVCacheManager`` that does not
+    change while it lives (see ``plan_for``)."""
+
+    @property
+    def counts(self):
+        """``{"fast": ..., "base": ..., "cache_calls": ..., "cache_skips": ...}``:
+        ``allocate_slots`` calls done in C and handed to vLLM's method, and
+        ``cache_blocks`` steps that called the coordinator or found nothing
+        to cache (both entry points)."""
+        return {
+            "fast": self.n_fast,
+            "base": self.n_base,
+            "cache_calls": self.n_cache_calls,
+            "cache_skips": self.n_cache_skips,
+        }
+
+    def __repr__(self):
+        kinds = ", ".join(
+            f"{'sliding' if (<_Group> g).sliding else 'full'}/{(<_Group> g).block_size}"
+            for g in self.groups
+        )
+        return f"<kvpool ManagerPlan groups=[{kinds}] caching={bool(self.caching)}>"
+
+
+def plan_for(manager, *, base, kv_cache_blocks, request_status, full_cls, sliding_cls,
+             coordinator_classes, hybrid_cls, bint cap_at_hashed, str cap_attr):
+    """``(plan, None)`` if ``manager`` (a vLLM ``KVCacheManager``, built) is in
+    the scope of these paths, else ``(None, reason)``.
+
+    The scope: every group a ``FullAttentionManager`` or
+    ``SlidingWindowManager`` (exactly those classes) over the one pool, a
+    coordinator of one of ``coordinator_classes`` (exactly), no EAGLE /
+    multi-token prediction, no groups that retain longer hits, no context
+    parallelism. The line's differences: ``base``, the vLLM class whose
+    methods take every call outside the fast case; ``cap_at_hashed`` (0.33:
+    a group caches no further than the request's hashed tokens);
+    ``cap_attr``, the name of a sliding-window manager's admission cap."""
+    cdef ManagerPlan p = ManagerPlan.__new__(ManagerPlan)
+    cdef _Group g
+    coordinator = manager.coordinator
+    if type(coordinator) not in coordinator_classes:
+        return None, f"coordinator {type(coordinator).__name__}"
+    if manager.use_eagle or getattr(coordinator, "eagle_group_ids", None):
+        return None, "EAGLE / multi-token prediction"
+    if getattr(manager, "retained_hit_group_ids", ()):
+        return None, "groups that retain longer hits"
+    pool = coordinator.block_pool
+    groups = []
+    for mgr in coordinator.single_type_managers:
+        cls = type(mgr)
+        if cls is not full_cls and cls is not sliding_cls:
+            return None, f"a {cls.__name__} group"
+        if mgr.block_pool is not pool:
+            return None, "groups over different pools"
+        if getattr(mgr, "dcp_world_size", 1) != 1 or getattr(mgr, "pcp_world_size", 1) != 1:
+            return None, "context parallelism"
+        if not PyDict_Check(mgr.req_to_blocks) or not PyDict_Check(mgr.num_cached_block) \
+                or not PyDict_Check(mgr._partial_hit_reqs):
+            return None, "request tables that are not dicts"
+        g = _Group.__new__(_Group)
+        g.mgr = mgr
+        g.block_size = mgr.block_size
+        if g.block_size <= 0:
+            return None, "a block size that is not positive"
+        g.sliding = cls is sliding_cls
+        if g.sliding:
+            g.skip_off = mgr.sliding_window - 1 + mgr.extra_retained_tokens
+        cap = getattr(mgr, cap_attr)
+        g.has_cap = cap is not None
+        g.cap = cap if cap is not None else 0
+        g.caching = bool(mgr.enable_caching)
+        g.partial_tail = not g.sliding and g.block_size != pool.hash_block_size
+        g.record_ids = bool(mgr._record_new_block_ids)
+        groups.append(g)
+    p.groups = tuple(groups)
+    p.ngroups = len(groups)
+    p.any_sliding = any((<_Group> x).sliding for x in groups)
+    p.caching = any((<_Group> x).caching for x in groups)
+    p.pool = pool
+    p.pool_core = (
+        pool
+        if isinstance(pool, PoolCore)
+        and type(pool).get_num_free_blocks is PoolCore.get_num_free_blocks
+        else None
+    )
+    p.null_block = pool.null_block
+    p.coordinator = coordinator
+    p.empty = manager.empty_kv_cache_blocks
+    p.empty_blocks = p.empty.blocks
+    p.kv_cache_blocks = kv_cache_blocks
+    p.base_allocate_slots = base.allocate_slots
+    p.base_cache_blocks = base.cache_blocks
+    p.waiting = request_status.WAITING
+    p.preempted = request_status.PREEMPTED
+    p.max_model_len = manager.max_model_len
+    p.watermark_blocks = manager.watermark_blocks
+    p.reprefillable = coordinator.num_reprefillable_tokens
+    p.hash_block_size = pool.hash_block_size
+    p.hybrid = type(coordinator) is hybrid_cls
+    p.cap_at_hashed = cap_at_hashed
+    if p.hash_block_size <= 0:
+        return None, "a hash block size that is not positive"
+    return p, None
+
+
+cdef Py_ssize_t _free_blocks(ManagerPlan p) except? -1:
+    if p.pool_core is not None:
+        return (<PoolCore> p.pool_core).st.num_free
+    return p.pool.get_num_free_blocks()
+
+
+cdef Py_ssize_t _num_blocks_to_allocate(_Group g, object rid, Py_ssize_t num_tokens,
+                                        Py_ssize_t total_computed, bint admission_cap) except -1:
+    # SingleTypeKVCacheManager.get_num_blocks_to_allocate with no new
+    # computed blocks (so no evictable ones, no partial hit).
+    cdef Py_ssize_t required = _cdiv(num_tokens, g.block_size)
+    cdef Py_ssize_t have = 0, skipped = 0, n
+    cdef PyObject *blocks
+    if admission_cap and g.has_cap and g.cap < required:
+        required = g.cap
+    blocks = PyDict_GetItem(g.mgr.req_to_blocks, rid)
+    if blocks != NULL:
+        have = len(<object> blocks)
+    if PyDict_Contains(g.mgr.num_cached_block, rid):
+        n = required - have
+    else:
+        if g.sliding and total_computed - g.skip_off > 0:
+            skipped = _floordiv(total_computed - g.skip_off, g.block_size)
+        n = required - (skipped if skipped > have else have)
+    return n if n > 0 else 0
+
+
+cdef bint _window_has_left(ManagerPlan p, _Group g, object rid, Py_ssize_t processed) except -1:
+    # Would SlidingWindowManager.remove_skipped_blocks free a block? It frees
+    # backwards from the last skipped block until it meets a null one, so
+    # nothing unless that block is not null. Creates the request's entry as
+    # vLLM's ``self.req_to_blocks[request_id]`` does.
+    cdef Py_ssize_t skipped, nblocks
+    if processed - g.skip_off <= 0:
+        return False
+    blocks = PyObject_GetItem(g.mgr.req_to_blocks, rid)
+    skipped = _floordiv(processed - g.skip_off, g.block_size)
+    nblocks = len(blocks)
+    if skipped > nblocks:
+        skipped = nblocks
+    if skipped <= 0:
+        return False
+    return blocks[skipped - 1] is not p.null_block
+
+
+cdef bint _may_cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens) except -1:
+    # Could the coordinator's cache_blocks(request, num_tokens) do anything?
+    # A group caches only when its full blocks pass its cached ones, and a
+    # group is never handed more than num_tokens (the hybrid coordinator
+    # aligns them down) or, otherwise, num_tokens - num_reprefillable_tokens.
+    # An upper bound on the work, so a True only costs vLLM's call; a full
+    # attention group whose block is larger than the hash block may register
+    # a partial tail on any step, so vLLM's code always decides for it.
+    cdef _Group g
+    cdef Py_ssize_t cacheable = num_tokens, full, cached, hashed
+    cdef PyObject *entry
+    if not p.hybrid:
+        cacheable -= p.reprefillable
+    if cacheable < 0:
+        cacheable = 0
+    if p.cap_at_hashed:
+        hashed = len(request.block_hashes) * p.hash_block_size
+        if hashed < cacheable:
+            cacheable = hashed
+    for g in p.groups:
+        if not g.caching:
+            continue
+        if g.partial_tail:
+            return True
+        full = _floordiv(cacheable, g.block_size)
+        entry = PyDict_GetItem(g.mgr.num_cached_block, rid)
+        if entry == NULL:
+            cached = 0
+        elif not _count(<object> entry, &cached):
+            return True  # not an int: vLLM's code sees it
+        if cached < full:
+            return True
+    return False
+
+
+cdef bint _adopts_nothing(ManagerPlan p, object request, object new_computed_blocks) except -1:
+    # No prefix-cache hit to adopt (vLLM then skips allocate_new_computed_blocks)
+    # and no partial-hit copy-on-write pending for the request.
+    if new_computed_blocks is not None and new_computed_blocks.blocks is not p.empty_blocks:
+        return False
+    rid = request.request_id
+    for g in p.groups:
+        if PyDict_Contains((<_Group> g).mgr._partial_hit_reqs, rid):
+            return False
+    return True
+
+
+# The marker of "not decided here": the caller hands the call to vLLM.
+cdef object _VLLM = object()
+
+
+cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
+                      new_computed_blocks, num_lookahead_tokens,
+                      num_external_computed_tokens, delay_cache_blocks,
+                      full_sequence_must_fit, reserved_blocks, has_scheduled_reqs):
+    # KVCacheManager.allocate_slots for a request that adopts no computed
+    # tokens, or _VLLM before anything changed.
+    cdef ManagerPlan p
+    cdef _Group g
+    cdef Py_ssize_t new_tokens, lookahead, reserved, computed, watermark = 0
+    cdef Py_ssize_t full_tokens, need, main_tokens, processed, required, i, nnew, zero
+    plan = self._kvpool_plan
+    if (
+        plan is None
+        or not _count(num_new_tokens, &new_tokens)
+        or new_tokens <= 0
+        or not _count(num_new_computed_tokens, &zero) or zero != 0
+        or not _count(num_external_computed_tokens, &zero) or zero != 0
+        or not _count(num_lookahead_tokens, &lookahead)
+        or not _count(reserved_blocks, &reserved)
+        or not _adopts_nothing(<ManagerPlan> plan, request, new_computed_blocks)
+        or not _count(request.num_computed_tokens, &computed)
+    ):
+        if plan is not None:
+            (<ManagerPlan> plan).n_base += 1
+        return _VLLM
+    p = <ManagerPlan> plan
+    rid = request.request_id
+    # From here on this is vLLM's allocate_slots, in its order.
+    p.n_fast += 1
+    if computed > p.max_model_len:
+        computed = p.max_model_len  # total_computed_tokens (no new or external ones)
+    if has_scheduled_reqs:
+        status = request.status
+        if status is p.waiting or status is p.preempted or status == p.waiting or status == p.preempted:
+            watermark = p.watermark_blocks
+    if full_sequence_must_fit:
+        full_tokens = request.num_tokens
+        if full_tokens > p.max_model_len:
+            full_tokens = p.max_model_len
+        required = 0
+        for g in p.groups:
+            required += _num_blocks_to_allocate(g, rid, full_tokens, computed, True)
+        if required + watermark > _free_blocks(p):
+            return None
+    main_tokens = computed + new_tokens
+    need = main_tokens + lookahead
+    if need > p.max_model_len:
+        need = p.max_model_len
+    if p.any_sliding:
+        processed = computed - <Py_ssize_t> request.num_in_flight_tokens
+        if processed < 0:
+            processed = 0
+        for g in p.groups:
+            if g.sliding and _window_has_left(p, g, rid, processed):
+                g.mgr.remove_skipped_blocks(rid, processed, request.num_prompt_tokens)
+    required = 0
+    for g in p.groups:
+        required += _num_blocks_to_allocate(g, rid, need, computed, False)
+    if required + watermark > _free_blocks(p) - reserved:
+        return None
+    # The coordinator's allocate_new_blocks.
+    result = PyTuple_New(p.ngroups)
+    any_new = False
+    for i in range(p.ngroups):
+        g = <_Group> p.groups[i]
+        blocks = PyObject_GetItem(g.mgr.req_to_blocks, rid)
+        nnew = _cdiv(need, g.block_size) - len(blocks)
+        if nnew <= 0:
+            new = []
+        else:
+            new = p.pool.get_new_blocks(nnew)
+            blocks.extend(new)
+            if g.record_ids:
+                g.mgr.new_block_ids.extend([b.block_id for b in new])
+            any_new = any_new or len(new) > 0
+        Py_INCREF(new)
+        PyTuple_SET_ITEM(result, i, new)
+    if not delay_cache_blocks and p.caching:
+        full_tokens = request.num_tokens
+        if main_tokens < full_tokens:
+            full_tokens = main_tokens
+        if _may_cache(p, request, rid, full_tokens):
+            p.n_cache_calls += 1
+            p.coordinator.cache_blocks(request, full_tokens)
+        else:
+            p.n_cache_skips += 1
+    return p.kv_cache_blocks(result) if any_new else p.empty
+
+
+cdef object _vllm_method(self, name):
+    # vLLM's method ``name`` of the class this manager extends.
+    plan = self._kvpool_plan
+    if plan is not None:
+        return (<ManagerPlan> plan).base_allocate_slots if name == "allocate_slots" \
+            else (<ManagerPlan> plan).base_cache_blocks
+    return getattr(type(self)._kvpool_base, name)
+
+
+def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
+                   new_computed_blocks=None, num_lookahead_tokens=0,
+                   num_external_computed_tokens=0, delay_cache_blocks=False,
+                   num_encoder_tokens=0, full_sequence_must_fit=False,
+                   reserved_blocks=0, has_scheduled_reqs=True,
+                   skip_zeroing_group_ids=()):
+    """vLLM's ``KVCacheManager.allocate_slots`` (0.32, 0.33: same arguments,
+    results and effects): in C when the request adopts no new computed
+    tokens, else vLLM's own method."""
+    result = _allocate(self, request, num_new_tokens, num_new_computed_tokens,
+                       new_computed_blocks, num_lookahead_tokens,
+                       num_external_computed_tokens, delay_cache_blocks,
+                       full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
+    if result is not _VLLM:
+        return result
+    return _vllm_method(self, "allocate_slots")(
+        self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+        num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
+        num_encoder_tokens, full_sequence_must_fit, reserved_blocks, has_scheduled_reqs,
+        skip_zeroing_group_ids)
+
+
+def allocate_slots_0_30(self, request, num_new_tokens, num_new_computed_tokens=0,
+                        new_computed_blocks=None, num_lookahead_tokens=0,
+                        num_external_computed_tokens=0, delay_cache_blocks=False,
+                        num_encoder_tokens=0, full_sequence_must_fit=False,
+                        reserved_blocks=0, has_scheduled_reqs=True):
+    """vLLM's ``KVCacheManager.allocate_slots`` of 0.30 and 0.31 (no
+    ``skip_zeroing_group_ids``): in C when the request adopts no new computed
+    tokens, else vLLM's own method."""
+    result = _allocate(self, request, num_new_tokens, num_new_computed_tokens,
+                       new_computed_blocks, num_lookahead_tokens,
+                       num_external_computed_tokens, delay_cache_blocks,
+                       full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
+    if result is not _VLLM:
+        return result
+    return _vllm_method(self, "allocate_slots")(
+        self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+        num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
+        num_encoder_tokens, full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
+
+
+def cache_blocks(self, request, num_computed_tokens):
+    """vLLM's ``KVCacheManager.cache_blocks``: the coordinator's only when a
+    group may have a block to cache."""
+    cdef ManagerPlan p
+    cdef Py_ssize_t n
+    plan = self._kvpool_plan
+    if plan is None or not _count(num_computed_tokens, &n):
+        return _vllm_method(self, "cache_blocks")(self, request, num_computed_tokens)
+    p = <ManagerPlan> plan
+    if not self.enable_caching:
+        return None
+    if p.caching and _may_cache(p, request, request.request_id, n):
+        p.n_cache_calls += 1
+        p.coordinator.cache_blocks(request, num_computed_tokens)
+    else:
+        p.n_cache_skips += 1
+    return None

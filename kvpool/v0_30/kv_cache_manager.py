@@ -1,0 +1,15 @@
+"""kvpool's ``KVCacheManager`` for vLLM 0.30: the 0.31 line's, but a
+sliding-window manager keeps its admission cap as
+``_max_admission_blocks_per_request``. Imports vLLM."""
+
+from __future__ import annotations
+
+from ..v0_31 import kv_cache_manager as _v0_31
+from ..v0_31.kv_cache_manager import KVCacheBlocks
+
+__all__ = ["KVCacheBlocks", "KVCacheManager"]
+
+
+class KVCacheManager(_v0_31.KVCacheManager):
+    __doc__ = _v0_31.KVCacheManager.__doc__
+    _kvpool_cap_attr = "_max_admission_blocks_per_request"

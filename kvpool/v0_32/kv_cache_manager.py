@@ -1,0 +1,15 @@
+"""kvpool's ``KVCacheManager`` for vLLM 0.32: the 0.33 line's, but a
+group's ``cache_blocks`` counts every full block of the tokens it is given
+(0.33 stops at the request's hashed tokens). Imports vLLM."""
+
+from __future__ import annotations
+
+from ..v0_33 import kv_cache_manager as _v0_33
+from ..v0_33.kv_cache_manager import KVCacheBlocks
+
+__all__ = ["KVCacheBlocks", "KVCacheManager"]
+
+
+class KVCacheManager(_v0_33.KVCacheManager):
+    __doc__ = _v0_33.KVCacheManager.__doc__
+    _kvpool_cap_at_hashed = False

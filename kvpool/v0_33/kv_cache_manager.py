@@ -1,0 +1,88 @@
+"""kvpool's ``KVCacheManager`` for vLLM 0.33: ``vllm.v1.core.kv_cache_manager``.
+
+vLLM's own class, subclassed: every attribute, the coordinator, its
+single-type managers and their request tables are vLLM's, so whatever the
+scheduler, a connector or a test reads of the manager is there and means
+the same. Two methods are compiled (``kvpool._manager``), the ones the
+scheduler calls for every running request on every step:
+
+- ``allocate_slots``: in C when the request adopts no new computed tokens
+  (a running request's decode or prefill chunk, a new request with no
+  prefix-cache hit); vLLM's own method otherwise;
+- ``cache_blocks``: vLLM's coordinator only when a group has a block to
+  cache.
+
+Which configurations the compiled paths serve is decided when the manager
+is built (``kvpool._manager.plan_for``): one full-attention group, or full
+attention + sliding window, prefix caching on or off. Anything else (Mamba,
+cross-attention, chunked local attention, HiSparse, EAGLE / MTP, context
+parallelism, ...) runs vLLM's code throughout; ``kvpool_fallback_reason``
+says why, and it is logged once per reason. Imports vLLM.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from vllm.v1.core import kv_cache_coordinator as _coordinator
+from vllm.v1.core import kv_cache_manager as _vllm
+from vllm.v1.core import single_type_kv_cache_manager as _single
+from vllm.v1.request import RequestStatus
+
+from .. import _manager
+
+__all__ = ["KVCacheBlocks", "KVCacheManager"]
+
+logger = logging.getLogger("kvpool.vllm")
+
+KVCacheBlocks = _vllm.KVCacheBlocks
+
+_COORDINATORS = tuple(
+    getattr(_coordinator, name)
+    for name in (
+        "UnitaryKVCacheCoordinator",
+        "HybridKVCacheCoordinator",
+        "KVCacheCoordinatorNoPrefixCache",
+    )
+)
+
+# Reasons already logged, so that each is logged once per process.
+_logged: set[str] = set()
+
+
+class KVCacheManager(_vllm.KVCacheManager):
+    """vLLM's ``KVCacheManager`` with compiled ``allocate_slots`` and
+    ``cache_blocks`` (see the module docstring)."""
+
+    #: The vLLM class whose methods take every call outside the fast case.
+    _kvpool_base = _vllm.KVCacheManager
+    #: 0.33: a group caches no further than the request's hashed tokens.
+    _kvpool_cap_at_hashed = True
+    #: A sliding-window manager's admission cap.
+    _kvpool_cap_attr = "max_admission_blocks_per_request"
+
+    @functools.wraps(_vllm.KVCacheManager.__init__)  # its signature, for callers that read it
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        plan, reason = _manager.plan_for(
+            self,
+            base=self._kvpool_base,
+            kv_cache_blocks=KVCacheBlocks,
+            request_status=RequestStatus,
+            full_cls=_single.FullAttentionManager,
+            sliding_cls=_single.SlidingWindowManager,
+            coordinator_classes=_COORDINATORS,
+            hybrid_cls=_coordinator.HybridKVCacheCoordinator,
+            cap_at_hashed=self._kvpool_cap_at_hashed,
+            cap_attr=self._kvpool_cap_attr,
+        )
+        self._kvpool_plan = plan
+        #: ``None`` when the compiled paths serve this manager, else why not.
+        self.kvpool_fallback_reason = reason
+        if reason is not None and reason not in _logged:
+            _logged.add(reason)
+            logger.info("kvpool's KV-cache manager paths do not serve %s: vLLM's code runs", reason)
+
+    allocate_slots = _manager.allocate_slots
+    cache_blocks = _manager.cache_blocks
