@@ -16,6 +16,8 @@ cdef class _Group:
     cdef bint caching             # the manager's enable_caching
     cdef bint partial_tail        # FullAttentionManager with block_size != hash_block_size
     cdef bint record_ids          # _record_new_block_ids
+    cdef Py_ssize_t group_id      # kv_cache_group_id
+    cdef bint direct_cache        # its cache_blocks is done in C (see _cache)
 
 
 cdef class ManagerPlan:
@@ -43,7 +45,9 @@ cdef class ManagerPlan:
     cdef bint cap_at_hashed       # 0.33: cache_blocks stops at the hashed tokens
     cdef bint caching             # any group caches
     # How the calls went, for tests and benchmarks (``ManagerPlan.counts``).
-    cdef Py_ssize_t n_fast        # allocate_slots done here
+    cdef Py_ssize_t n_fast        # allocate_slots done here, adopting nothing
+    cdef Py_ssize_t n_adopt       # ... adopting a prefix-cache hit
     cdef Py_ssize_t n_base        # allocate_slots handed to vLLM's method
     cdef Py_ssize_t n_cache_calls # coordinator.cache_blocks called from here
+    cdef Py_ssize_t n_cache_direct  # pool.cache_full_blocks called from here
     cdef Py_ssize_t n_cache_skips # cache_blocks with nothing to cache

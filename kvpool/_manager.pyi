@@ -14,6 +14,7 @@ def plan_for(
     request_status: Any,
     full_cls: type,
     sliding_cls: type,
+    base_single: type,
     coordinator_classes: tuple[type, ...],
     hybrid_cls: type,
     cap_at_hashed: bool,

@@ -45,6 +45,7 @@ from kvpool._core cimport KVCacheBlock, PoolCore
 cdef extern from "Python.h":
     bint PyLong_CheckExact(object o)
     bint PyList_CheckExact(object o)
+    bint PyTuple_CheckExact(object o)
     bint PyDict_Check(object o)
     Py_ssize_t PyLong_AsSsize_t(object o) except? -1
 
@@ -94,14 +95,18 @@ cdef class ManagerPlan:
 
     @property
     def counts(self):
-        """``{"fast": ..., "base": ..., "cache_calls": ..., "cache_skips": ...}``:
-        ``allocate_slots`` calls done in C and handed to vLLM's method, and
-        ``cache_blocks`` steps that called the coordinator or found nothing
-        to cache (both entry points)."""
+        """``{"fast": ..., "adopt": ..., "base": ..., "cache_calls": ...,
+        "cache_direct": ..., "cache_skips": ...}``: ``allocate_slots`` calls
+        done in C (adopting no computed blocks, or adopting a prefix-cache
+        hit) and handed to vLLM's method; caching steps (of both entry points) that called the
+        coordinator, called the pool's ``cache_full_blocks`` from here, or
+        found nothing to cache."""
         return {
             "fast": self.n_fast,
+            "adopt": self.n_adopt,
             "base": self.n_base,
             "cache_calls": self.n_cache_calls,
+            "cache_direct": self.n_cache_direct,
             "cache_skips": self.n_cache_skips,
         }
 
@@ -113,7 +118,7 @@ cdef class ManagerPlan:
         return f"<kvpool ManagerPlan groups=[{kinds}] caching={bool(self.caching)}>"
 
 
-def plan_for(manager, *, base, kv_cache_blocks, request_status, full_cls, sliding_cls,
+def plan_for(manager, *, base, kv_cache_blocks, request_status, full_cls, sliding_cls, base_single,
              coordinator_classes, hybrid_cls, bint cap_at_hashed, str cap_attr):
     """``(plan, None)`` if ``manager`` (a vLLM ``KVCacheManager``, built) is in
     the scope of these paths, else ``(None, reason)``.
@@ -160,6 +165,16 @@ def plan_for(manager, *, base, kv_cache_blocks, request_status, full_cls, slidin
         g.has_cap = cap is not None
         g.cap = cap if cap is not None else 0
         g.caching = bool(mgr.enable_caching)
+        g.group_id = mgr.kv_cache_group_id
+        # Its cache_blocks may be done here: vLLM's full-attention one, whose
+        # block mask is None (reachable_block_mask not overridden).
+        g.direct_cache = (
+            not g.sliding
+            and bool(getattr(mgr.kv_cache_spec, "prefix_cacheable", True))
+            and cls.cache_blocks is full_cls.cache_blocks
+            # (a classmethod: each access binds anew, so compare functions)
+            and cls.reachable_block_mask.__func__ is base_single.reachable_block_mask.__func__
+        )
         g.partial_tail = not g.sliding and g.block_size != pool.hash_block_size
         g.record_ids = bool(mgr._record_new_block_ids)
         groups.append(g)
@@ -201,11 +216,13 @@ cdef Py_ssize_t _free_blocks(ManagerPlan p) except? -1:
 
 
 cdef Py_ssize_t _num_blocks_to_allocate(_Group g, object rid, Py_ssize_t num_tokens,
-                                        Py_ssize_t total_computed, bint admission_cap) except -1:
-    # SingleTypeKVCacheManager.get_num_blocks_to_allocate with no new
-    # computed blocks (so no evictable ones, no partial hit).
+                                        object new_computed, Py_ssize_t total_computed,
+                                        bint admission_cap) except -1:
+    # SingleTypeKVCacheManager.get_num_blocks_to_allocate for a request
+    # without a partial local hit (the caller checked): ``new_computed`` is
+    # this group's list of new computed blocks, or None for none.
     cdef Py_ssize_t required = _cdiv(num_tokens, g.block_size)
-    cdef Py_ssize_t have = 0, skipped = 0, n
+    cdef Py_ssize_t have = 0, skipped = 0, local, n, i, nnew = 0, evictable = 0
     cdef PyObject *blocks
     if admission_cap and g.has_cap and g.cap < required:
         required = g.cap
@@ -213,12 +230,27 @@ cdef Py_ssize_t _num_blocks_to_allocate(_Group g, object rid, Py_ssize_t num_tok
     if blocks != NULL:
         have = len(<object> blocks)
     if PyDict_Contains(g.mgr.num_cached_block, rid):
-        n = required - have
-    else:
-        if g.sliding and total_computed - g.skip_off > 0:
-            skipped = _floordiv(total_computed - g.skip_off, g.block_size)
-        n = required - (skipped if skipped > have else have)
-    return n if n > 0 else 0
+        n = required - have  # a running request (it has no new computed blocks)
+        return n if n > 0 else 0
+    if new_computed is not None:
+        nnew = PyList_GET_SIZE(new_computed)
+    if g.sliding and total_computed - g.skip_off > 0:
+        skipped = _floordiv(total_computed - g.skip_off, g.block_size)
+    local = nnew + have
+    n = required - (skipped if skipped > local else local)
+    if n < 0:
+        n = 0
+    # New computed blocks that are eviction candidates leave the free queue
+    # when touched: they count too (but for those in the skipped window).
+    i = skipped - have
+    if i < 0:
+        i = 0
+    while i < nnew:
+        block = <object> PyList_GET_ITEM(new_computed, i)
+        if block.ref_cnt == 0 and not block.is_null:
+            evictable += 1
+        i += 1
+    return n + evictable
 
 
 cdef bint _window_has_left(ManagerPlan p, _Group g, object rid, Py_ssize_t processed) except -1:
@@ -239,16 +271,23 @@ cdef bint _window_has_left(ManagerPlan p, _Group g, object rid, Py_ssize_t proce
     return blocks[skipped - 1] is not p.null_block
 
 
-cdef bint _may_cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens) except -1:
-    # Could the coordinator's cache_blocks(request, num_tokens) do anything?
-    # A group caches only when its full blocks pass its cached ones, and a
-    # group is never handed more than num_tokens (the hybrid coordinator
-    # aligns them down) or, otherwise, num_tokens - num_reprefillable_tokens.
-    # An upper bound on the work, so a True only costs vLLM's call; a full
-    # attention group whose block is larger than the hash block may register
-    # a partial tail on any step, so vLLM's code always decides for it.
+cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens) except -1:
+    # The coordinator's cache_blocks(request, num_tokens): nothing when no
+    # group has a block to cache; with one full-attention group (the unitary
+    # coordinator), what its manager's cache_blocks does -- the pool's
+    # cache_full_blocks over the new full blocks, then the cached count --
+    # called here; in any other case the coordinator's own method.
+    #
+    # A group caches only when its full blocks pass its cached ones. The
+    # unitary coordinator hands it num_tokens - num_reprefillable_tokens;
+    # the hybrid one at most num_tokens (it aligns them down, per release),
+    # an upper bound, so there a True only costs vLLM's call. A full-attention
+    # group whose block is larger than the hash block may register a partial
+    # tail on any step: vLLM's code always decides for it.
     cdef _Group g
+    cdef _Group todo = None
     cdef Py_ssize_t cacheable = num_tokens, full, cached, hashed
+    cdef Py_ssize_t todo_cached = 0, todo_full = 0
     cdef PyObject *entry
     if not p.hybrid:
         cacheable -= p.reprefillable
@@ -262,28 +301,100 @@ cdef bint _may_cache(ManagerPlan p, object request, object rid, Py_ssize_t num_t
         if not g.caching:
             continue
         if g.partial_tail:
-            return True
+            return _cache_in_vllm(p, request, num_tokens)
         full = _floordiv(cacheable, g.block_size)
         entry = PyDict_GetItem(g.mgr.num_cached_block, rid)
         if entry == NULL:
             cached = 0
         elif not _count(<object> entry, &cached):
-            return True  # not an int: vLLM's code sees it
+            return _cache_in_vllm(p, request, num_tokens)  # not an int: vLLM's code sees it
         if cached < full:
-            return True
-    return False
+            if not g.direct_cache or p.hybrid or todo is not None:
+                return _cache_in_vllm(p, request, num_tokens)
+            todo, todo_cached, todo_full = g, cached, full
+    if todo is None:
+        p.n_cache_skips += 1
+        return 0
+    p.n_cache_direct += 1
+    p.pool.cache_full_blocks(
+        request=request,
+        blocks=PyObject_GetItem(todo.mgr.req_to_blocks, rid),
+        num_cached_blocks=todo_cached,
+        num_full_blocks=todo_full,
+        block_size=todo.block_size,
+        kv_cache_group_id=todo.group_id,
+        block_mask=None,
+    )
+    todo.mgr.num_cached_block[rid] = todo_full
+    return 0
 
 
-cdef bint _adopts_nothing(ManagerPlan p, object request, object new_computed_blocks) except -1:
-    # No prefix-cache hit to adopt (vLLM then skips allocate_new_computed_blocks)
-    # and no partial-hit copy-on-write pending for the request.
-    if new_computed_blocks is not None and new_computed_blocks.blocks is not p.empty_blocks:
-        return False
+cdef int _cache_in_vllm(ManagerPlan p, object request, Py_ssize_t num_tokens) except -1:
+    p.n_cache_calls += 1
+    p.coordinator.cache_blocks(request, num_tokens)
+    return 0
+
+
+cdef object _to_adopt(ManagerPlan p, object request, object new_computed_blocks,
+                      Py_ssize_t num_local_computed):
+    # What allocate_slots adopts: None when vLLM skips
+    # allocate_new_computed_blocks (no blocks given, or the manager's empty
+    # ones), else the tuple of per-group lists; _VLLM for a case left to
+    # vLLM (a running request or one with blocks already, a partial local
+    # hit, a partial-hit copy-on-write pending, hits without caching, blocks
+    # that are not a tuple of lists).
+    cdef _Group g
+    cdef Py_ssize_t i
+    cdef PyObject *have
     rid = request.request_id
     for g in p.groups:
-        if PyDict_Contains((<_Group> g).mgr._partial_hit_reqs, rid):
-            return False
-    return True
+        if PyDict_Contains(g.mgr._partial_hit_reqs, rid):
+            return _VLLM
+    if new_computed_blocks is None:
+        return None
+    blocks = new_computed_blocks.blocks
+    if blocks is p.empty_blocks:
+        return None
+    if not PyTuple_CheckExact(blocks) or len(blocks) != p.ngroups:
+        return _VLLM
+    for i in range(p.ngroups):
+        g = <_Group> p.groups[i]
+        group_blocks = blocks[i]
+        if not PyList_CheckExact(group_blocks):
+            return _VLLM
+        if PyDict_Contains(g.mgr.num_cached_block, rid):
+            return _VLLM
+        have = PyDict_GetItem(g.mgr.req_to_blocks, rid)
+        if have != NULL and len(<object> have) != 0:
+            return _VLLM
+        if PyList_GET_SIZE(group_blocks) > 0:
+            if not g.caching or num_local_computed % g.block_size != 0:
+                return _VLLM
+    return blocks
+
+
+cdef int _adopt(ManagerPlan p, object rid, object blocks, Py_ssize_t num_local_computed) except -1:
+    # The coordinator's allocate_new_computed_blocks without external
+    # tokens: each group's add_local_computed_blocks (the checks of
+    # _to_adopt passed: no blocks yet, no partial hit).
+    cdef _Group g
+    cdef Py_ssize_t i, skipped
+    for i in range(p.ngroups):
+        g = <_Group> p.groups[i]
+        req_blocks = PyObject_GetItem(g.mgr.req_to_blocks, rid)
+        new = blocks[i]
+        skipped = 0
+        if g.sliding and num_local_computed - g.skip_off > 0:
+            skipped = _floordiv(num_local_computed - g.skip_off, g.block_size)
+        if skipped > 0:
+            new = new[skipped:]
+        if g.caching:
+            p.pool.touch(new)
+        if skipped > 0:
+            req_blocks.extend([p.null_block] * skipped)
+        req_blocks.extend(new)
+        g.mgr.num_cached_block[rid] = len(req_blocks)
+    return 0
 
 
 # The marker of "not decided here": the caller hands the call to vLLM.
@@ -294,33 +405,41 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
                       new_computed_blocks, num_lookahead_tokens,
                       num_external_computed_tokens, delay_cache_blocks,
                       full_sequence_must_fit, reserved_blocks, has_scheduled_reqs):
-    # KVCacheManager.allocate_slots for a request that adopts no computed
-    # tokens, or _VLLM before anything changed.
+    # KVCacheManager.allocate_slots without external tokens, or _VLLM before
+    # anything changed.
     cdef ManagerPlan p
     cdef _Group g
-    cdef Py_ssize_t new_tokens, lookahead, reserved, computed, watermark = 0
+    cdef Py_ssize_t new_tokens, new_computed, lookahead, reserved, computed, watermark = 0
     cdef Py_ssize_t full_tokens, need, main_tokens, processed, required, i, nnew, zero
     plan = self._kvpool_plan
     if (
         plan is None
         or not _count(num_new_tokens, &new_tokens)
-        or new_tokens <= 0
-        or not _count(num_new_computed_tokens, &zero) or zero != 0
+        or not _count(num_new_computed_tokens, &new_computed)
         or not _count(num_external_computed_tokens, &zero) or zero != 0
+        or (new_tokens == 0 and new_computed == 0)  # vLLM raises
+        or new_tokens < 0 or new_computed < 0
         or not _count(num_lookahead_tokens, &lookahead)
         or not _count(reserved_blocks, &reserved)
-        or not _adopts_nothing(<ManagerPlan> plan, request, new_computed_blocks)
         or not _count(request.num_computed_tokens, &computed)
     ):
         if plan is not None:
             (<ManagerPlan> plan).n_base += 1
         return _VLLM
     p = <ManagerPlan> plan
+    computed += new_computed  # num_local_computed_tokens
+    adopt = _to_adopt(p, request, new_computed_blocks, computed)
+    if adopt is _VLLM:
+        p.n_base += 1
+        return _VLLM
     rid = request.request_id
     # From here on this is vLLM's allocate_slots, in its order.
-    p.n_fast += 1
-    if computed > p.max_model_len:
-        computed = p.max_model_len  # total_computed_tokens (no new or external ones)
+    if adopt is None:
+        p.n_fast += 1
+    else:
+        p.n_adopt += 1
+    # (total_computed_tokens: no external ones)
+    total = computed if computed < p.max_model_len else p.max_model_len
     if has_scheduled_reqs:
         status = request.status
         if status is p.waiting or status is p.preempted or status == p.waiting or status == p.preempted:
@@ -330,26 +449,31 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         if full_tokens > p.max_model_len:
             full_tokens = p.max_model_len
         required = 0
-        for g in p.groups:
-            required += _num_blocks_to_allocate(g, rid, full_tokens, computed, True)
+        for i in range(p.ngroups):
+            required += _num_blocks_to_allocate(
+                <_Group> p.groups[i], rid, full_tokens,
+                None if adopt is None else adopt[i], total, True)
         if required + watermark > _free_blocks(p):
             return None
-    main_tokens = computed + new_tokens
+    main_tokens = total + new_tokens
     need = main_tokens + lookahead
     if need > p.max_model_len:
         need = p.max_model_len
     if p.any_sliding:
-        processed = computed - <Py_ssize_t> request.num_in_flight_tokens
+        processed = total - <Py_ssize_t> request.num_in_flight_tokens
         if processed < 0:
             processed = 0
         for g in p.groups:
             if g.sliding and _window_has_left(p, g, rid, processed):
                 g.mgr.remove_skipped_blocks(rid, processed, request.num_prompt_tokens)
     required = 0
-    for g in p.groups:
-        required += _num_blocks_to_allocate(g, rid, need, computed, False)
+    for i in range(p.ngroups):
+        required += _num_blocks_to_allocate(
+            <_Group> p.groups[i], rid, need, None if adopt is None else adopt[i], total, False)
     if required + watermark > _free_blocks(p) - reserved:
         return None
+    if adopt is not None:
+        _adopt(p, rid, adopt, computed)
     # The coordinator's allocate_new_blocks.
     result = PyTuple_New(p.ngroups)
     any_new = False
@@ -371,11 +495,7 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         full_tokens = request.num_tokens
         if main_tokens < full_tokens:
             full_tokens = main_tokens
-        if _may_cache(p, request, rid, full_tokens):
-            p.n_cache_calls += 1
-            p.coordinator.cache_blocks(request, full_tokens)
-        else:
-            p.n_cache_skips += 1
+        _cache(p, request, rid, full_tokens)
     return p.kv_cache_blocks(result) if any_new else p.empty
 
 
@@ -441,9 +561,8 @@ def cache_blocks(self, request, num_computed_tokens):
     p = <ManagerPlan> plan
     if not self.enable_caching:
         return None
-    if p.caching and _may_cache(p, request, request.request_id, n):
-        p.n_cache_calls += 1
-        p.coordinator.cache_blocks(request, num_computed_tokens)
+    if p.caching:
+        _cache(p, request, request.request_id, n)
     else:
         p.n_cache_skips += 1
     return None

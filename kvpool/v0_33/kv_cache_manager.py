@@ -72,6 +72,7 @@ class KVCacheManager(_vllm.KVCacheManager):
             request_status=RequestStatus,
             full_cls=_single.FullAttentionManager,
             sliding_cls=_single.SlidingWindowManager,
+            base_single=_single.SingleTypeKVCacheManager,
             coordinator_classes=_COORDINATORS,
             hybrid_cls=_coordinator.HybridKVCacheCoordinator,
             cap_at_hashed=self._kvpool_cap_at_hashed,

@@ -190,6 +190,31 @@ def install_leaky() -> None:
     kv_cache_coordinator.BlockPool = LeakyBlockPool
 
 
+def install_broken_manager(every: int) -> None:
+    """Install kvpool, then rebind the scheduler's KVCacheManager to kvpool's
+    manager broken in one detail: every ``every``-th ``allocate_slots`` leaves
+    its new full blocks uncached (as if ``delay_cache_blocks`` were set), so
+    later requests miss prefix-cache hits (``KVPOOL_ENGINE_BROKEN_MANAGER``:
+    the proof that the identity tests catch a wrong manager)."""
+    import kvpool.vllm
+    from vllm.v1.core.sched import scheduler
+
+    kvpool.vllm.install()
+    base = scheduler.KVCacheManager
+    if not base.__module__.startswith("kvpool."):
+        raise RuntimeError(f"kvpool's manager is not installed (the scheduler builds {base})")
+    calls = [0]
+
+    class BrokenKVCacheManager(base):  # type: ignore[misc, valid-type]
+        def allocate_slots(self, request, num_new_tokens, *args, **kwargs):
+            calls[0] += 1
+            if calls[0] % every == 0:
+                kwargs["delay_cache_blocks"] = True
+            return super().allocate_slots(request, num_new_tokens, *args, **kwargs)
+
+    scheduler.KVCacheManager = BrokenKVCacheManager
+
+
 def watch_windows() -> dict:
     """Count what vLLM's own sliding-window manager does (in-process engine
     core; the scenario's ``watch_windows``): blocks freed as they leave the
@@ -235,6 +260,8 @@ def main() -> None:
     if os.environ.get("KVPOOL_ENGINE_BROKEN"):
         every, _, group = os.environ["KVPOOL_ENGINE_BROKEN"].partition(":")
         install_broken(int(every), int(group) if group else None)
+    if os.environ.get("KVPOOL_ENGINE_BROKEN_MANAGER"):
+        install_broken_manager(int(os.environ["KVPOOL_ENGINE_BROKEN_MANAGER"]))
     windows = watch_windows() if scenario.get("watch_windows") else None
     if os.environ.get("KVPOOL_ENGINE_LEAKY"):
         install_leaky()
@@ -314,11 +341,16 @@ def main() -> None:
         if metric.name in ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries",
                            "vllm:num_preemptions"):
             metrics[metric.name] = getattr(metric, "value", None)
-    pool_class = kv_groups = None
+    pool_class = kv_groups = manager_class = manager_counts = None
     if not scenario.get("multiprocess"):
         scheduler = llm.llm_engine.engine_core.engine_core.scheduler
         pool = scheduler.kv_cache_manager.block_pool
         pool_class = f"{type(pool).__module__}.{type(pool).__qualname__}"
+        manager = scheduler.kv_cache_manager
+        manager_class = f"{type(manager).__module__}.{type(manager).__qualname__}"
+        # kvpool's manager: how its calls went (None: vLLM's, or out of scope).
+        plan = getattr(manager, "_kvpool_plan", None)
+        manager_counts = plan.counts if plan is not None else None
         # Each KV-cache group: its spec's class, sliding window, layers and
         # the single-type manager serving it.
         managers = scheduler.kv_cache_manager.coordinator.single_type_managers
@@ -328,17 +360,23 @@ def main() -> None:
     if collector is not None:
         collector.wait_quiet()
         collector.close()
-    installed = [line.split(" ", 1)[0] for line in kvpool_log.read_text().splitlines()
-                 if "kvpool BlockPool of the" in line] if kvpool_log.exists() else []
+    log_lines = kvpool_log.read_text().splitlines() if kvpool_log.exists() else []
+    installed = [line.split(" ", 1)[0] for line in log_lines if "kvpool BlockPool of the" in line]
+    with_manager = [line.split(" ", 1)[0] for line in log_lines
+                    if "kvpool BlockPool of the" in line and "KV-cache manager: kvpool's" in line]
     outputs = [json.loads(wave) for wave in outputs]
     result = {
         # The processes kvpool's install() put its pool in (its INFO line).
         "kvpool_pids": sorted({int(pid) for pid in installed}),
+        # ... and those where it put its KV-cache manager in too.
+        "kvpool_manager_pids": sorted({int(pid) for pid in with_manager}),
         "pid": os.getpid(),
         "tokens": outputs,
         "metrics": metrics,
         "events": collector.take() if collector is not None else None,
         "pool_class": pool_class,
+        "manager_class": manager_class,
+        "manager_counts": manager_counts,
         "kv_cache_groups": kv_groups,
         "windows": windows,
         "generated": sum(len(t) for wave in outputs for t in wave),

