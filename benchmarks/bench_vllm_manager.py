@@ -1,30 +1,42 @@
-"""vLLM's own ``KVCacheManager`` over vLLM's ``BlockPool`` vs kvpool's (vLLM 0.15.x/0.16.x or 0.33.x).
+"""vLLM's own ``KVCacheManager`` and ``BlockPool`` against kvpool's, on any
+release kvpool has a line for (vLLM 0.15.x ... 0.33.x).
 
-The scheduler-like workload of ``tests/vllm/vllm_workload.py`` (vLLM 0.15.x
-and 0.16.x) or ``tests/vllm33/vllm_workload33.py`` (vLLM 0.33.x: the same
-workloads, driven as 0.33's scheduler drives its manager) (shared prompt
-prefixes, chunked prefill, decode steps, preemption, frees, ``evict_blocks``,
-``reset_prefix_cache``, KV events and prefix-cache stats every step) runs on
-both pools in one process, A/B interleaved (the order alternates every
-round). Reported per pool: the time spent inside manager calls (median and
-range over the rounds), microseconds per call, requests per second of manager
-time and end to end; and the ratio vLLM-pool time / kvpool time per round
-(median and range). Both pools must make the same decisions: the runs'
-counters (steps, preemptions, prefix-hit tokens, events) are checked equal.
+The scheduler-like workload of ``tests/vllm/vllm_workload.py`` (releases
+whose ``get_computed_blocks`` returns two values) or
+``tests/vllm33/vllm_workload33.py`` (from 0.26 on: the same workloads,
+driven as 0.33's scheduler drives its manager) -- shared prompt prefixes,
+chunked prefill, decode steps, preemption, frees, ``evict_blocks``,
+``reset_prefix_cache``, KV events and prefix-cache stats every step -- runs
+in one process on each configuration, interleaved (the order rotates every
+round):
 
-Run it in the environment ``.ci/vllm-env.sh`` builds::
+- vLLM's manager over vLLM's pool;
+- vLLM's manager over kvpool's pool (``KVPOOL_VLLM_MANAGER=0``);
+- kvpool's manager over kvpool's pool, on the lines that have one
+  (0.30-0.33; ``kvpool.vllm.VLLMLine.manager``).
 
-    .ci/vllm-env.sh /tmp/vllm-venv
+Reported per configuration: the time spent inside manager calls (median and
+range over the rounds), microseconds per call, requests per second of
+manager time and end to end; and the ratio of vLLM's time to each kvpool
+configuration's per round (median and range). All must make the same
+decisions: the runs' counters (steps, preemptions, prefix-hit tokens,
+events) are checked equal.
+
+Run it in the environment ``.ci/vllm-env.sh`` builds (vLLM 0.33.0), and for
+another release with that release's tree first on ``PYTHONPATH``
+(``.ci/vllm-src.sh``; as ``.ci/vllm-mgr-all.sh`` does)::
+
+    .ci/vllm-env.sh --vllm 0.33.0 /tmp/vllm-venv
     /tmp/vllm-venv/bin/python benchmarks/bench_vllm_manager.py
-    /tmp/vllm-venv/bin/python benchmarks/bench_vllm_manager.py --profile
+    PYTHONPATH=$(.ci/vllm-src.sh 0.32.0) /tmp/vllm-venv/bin/python benchmarks/bench_vllm_manager.py
 
-``--core`` picks kvpool's core: ``default`` goes through ``kvpool.vllm.install()``
-(the package's choice; on vLLM 0.33 the package's core through the same
-rebinding as the others until ``install()`` knows that line),
-``compiled`` / ``pure-python`` force one. On vLLM 0.33 kvpool's pool is
-``kvpool.v0_33``'s, with vLLM's own event classes.
-``--profile`` runs each pool once more under cProfile and shows where the
-manager's time goes and which pool calls remain.
+``--core`` picks kvpool's core: ``default`` goes through
+``kvpool.vllm.install()`` (the package's choice), ``compiled`` /
+``pure-python`` force one (the pool of the release's line, with vLLM's own
+event classes, and the line's manager put in through the scheduler's name).
+``--profile`` runs each configuration once more under cProfile and shows
+where the manager's time goes and which pool calls remain (kvpool's
+compiled manager functions do not show there: their time is their callers').
 """
 
 from __future__ import annotations
@@ -50,21 +62,30 @@ from vllm.v1.core import kv_cache_coordinator, single_type_kv_cache_manager
 
 import kvpool
 import kvpool.vllm as kv_vllm
+from vllm.v1.core.sched import scheduler as vllm_scheduler
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# The vLLM API line decides the driver and kvpool's pool class.
-VLLM_33 = vllm.__version__.startswith("0.33.")
-sys.path.insert(
-    0, os.path.join(HERE, os.pardir, "tests", "vllm33" if VLLM_33 else "vllm")
-)
-if VLLM_33:
+sys.path.insert(0, os.path.join(HERE, os.pardir, "tests", "vllm"))
+sys.path.insert(0, os.path.join(HERE, os.pardir, "tests", "vllm33"))
+import vllm_workload as _vw15  # noqa: E402
+from vllm.v1.core.kv_cache_manager import KVCacheManager as _VLLMManager  # noqa: E402
+
+# The manager's API decides the driver: 0.33's (from 0.26 on) or 0.15's.
+if hasattr(_VLLMManager, _vw15.DRIVER_SPLIT):
     import vllm_workload33 as vw
-
-    from kvpool.v0_33.vllm_events import vllm_block_pool_class as _pool_class
 else:
-    import vllm_workload as vw
+    vw = _vw15
+from kvpool.vllm_events import vllm_block_pool_class  # noqa: E402
 
-    _pool_class = kvpool.make_block_pool_class
+LINE = kv_vllm.vllm_line(vllm.__version__, force=True)
+#: kvpool's KV-cache manager of the line (None: the line has none).
+MANAGER = LINE.manager
+
+
+def _pool_class(core_module):
+    return vllm_block_pool_class(LINE.name, core_module)
+
+
 WORKLOAD_FILE = os.path.basename(vw.__file__)
 
 WORKLOADS = {
@@ -126,33 +147,42 @@ def _is_pool_function(filename: str, func: str) -> bool:
 
 
 @contextmanager
-def kvpool_pool(core: str) -> Iterator[str]:
-    """Make vLLM build kvpool's pool inside the block; yields the core used."""
+def kvpool_pool(core: str, manager: bool) -> Iterator[str]:
+    """Make vLLM build kvpool's pool inside the block, and kvpool's manager
+    too if ``manager``; yields the core used."""
     if core == "default":
         # As a user installs it (kvpool.vllm picks the line).
-        with kv_vllm.enabled():
-            yield "compiled" if kvpool.USING_EXTENSION else "pure-python"
+        saved = os.environ.get("KVPOOL_VLLM_MANAGER")
+        os.environ["KVPOOL_VLLM_MANAGER"] = "1" if manager else "0"
+        try:
+            with kv_vllm.enabled():
+                yield "compiled" if kvpool.USING_EXTENSION else "pure-python"
+        finally:
+            if saved is None:
+                os.environ.pop("KVPOOL_VLLM_MANAGER", None)
+            else:
+                os.environ["KVPOOL_VLLM_MANAGER"] = saved
         return
-    if core == "default":
-        module, core = kvpool.CORE, (
-            "compiled" if kvpool.USING_EXTENSION else "pure-python"
-        )
-    else:
-        module = importlib.import_module(
-            "kvpool._core" if core == "compiled" else "kvpool._core_py"
-        )
+    module = importlib.import_module(
+        "kvpool._core" if core == "compiled" else "kvpool._core_py"
+    )
     pool_class = _pool_class(module)
     # vLLM builds its pool through this name in kv_cache_coordinator; the
-    # single-type managers' module holds the same name (annotations).
+    # single-type managers' module holds the same name (annotations). The
+    # scheduler builds its manager through its module's KVCacheManager.
     modules = [kv_cache_coordinator, single_type_kv_cache_manager]
     saved = [(m, m.BlockPool) for m in modules]
+    saved_manager = vllm_scheduler.KVCacheManager
     for m in modules:
         m.BlockPool = pool_class
+    if manager:
+        vllm_scheduler.KVCacheManager = importlib.import_module(MANAGER).KVCacheManager
     try:
         yield core
     finally:
         for m, original in saved:
             m.BlockPool = original
+        vllm_scheduler.KVCacheManager = saved_manager
 
 
 @contextmanager
@@ -223,6 +253,17 @@ class PoolTimer:
         return statistics.median(samples)
 
 
+def sides(core: str) -> dict:
+    """The configurations compared: key -> (label, context-manager factory)."""
+    out = {"vllm": ("vLLM manager, vLLM pool", vllm_pool)}
+    if MANAGER:
+        out["pool"] = (f"vLLM manager, kvpool pool ({core})", lambda: kvpool_pool(core, False))
+        out["kvpool"] = (f"kvpool manager and pool ({core})", lambda: kvpool_pool(core, True))
+    else:
+        out["kvpool"] = (f"vLLM manager, kvpool pool ({core})", lambda: kvpool_pool(core, False))
+    return out
+
+
 def one_run(
     w: vw.Workload, pool_cm, timer: PoolTimer | None = None
 ) -> tuple[vw.Run, str]:
@@ -252,19 +293,17 @@ def fmt_range(values: list[float], scale: float = 1.0, digits: int = 3) -> str:
 def bench(w: vw.Workload, rounds: int, core: str, pool_time: bool) -> dict:
     """``rounds`` clean A/B rounds; with ``pool_time``, as many more rounds
     with the pool calls timed (kept apart: the wrapper slows those runs)."""
-    runs: dict[str, list[vw.Run]] = {"vllm": [], "kvpool": []}
-    timers: dict[str, list[PoolTimer]] = {"vllm": [], "kvpool": []}
-    timed_runs: dict[str, list[vw.Run]] = {"vllm": [], "kvpool": []}
-    core_used = ""
+    configs = sides(core)
+    runs: dict[str, list[vw.Run]] = {name: [] for name in configs}
+    timers: dict[str, list[PoolTimer]] = {name: [] for name in configs}
+    timed_runs: dict[str, list[vw.Run]] = {name: [] for name in configs}
+    names = list(configs)
     for i in range(rounds * (2 if pool_time else 1)):
         instrumented = i >= rounds
-        order = ("vllm", "kvpool") if i % 2 == 0 else ("kvpool", "vllm")
-        for which in order:
+        # The order rotates every round.
+        for which in names[i % len(names):] + names[: i % len(names)]:
             timer = PoolTimer() if instrumented else None
-            if which == "vllm":
-                run, _ = one_run(w, vllm_pool(), timer)
-            else:
-                run, core_used = one_run(w, kvpool_pool(core), timer)
+            run, _ = one_run(w, configs[which][1](), timer)
             if instrumented:
                 timers[which].append(timer)
                 timed_runs[which].append(run)
@@ -278,7 +317,8 @@ def bench(w: vw.Workload, rounds: int, core: str, pool_time: bool) -> dict:
                     f"{w.name}: {name} made different decisions: {decisions(r)} != {ref} "
                     f"(steps, finished, preemptions, prefix-hit tokens, events, calls)"
                 )
-    return {"runs": runs, "timers": timers, "timed_runs": timed_runs, "core": core_used}
+    return {"runs": runs, "timers": timers, "timed_runs": timed_runs,
+            "labels": {name: label for name, (label, _) in configs.items()}}
 
 
 def report(w: vw.Workload, result: dict) -> float:
@@ -294,14 +334,11 @@ def report(w: vw.Workload, result: dict) -> float:
         f"{r0.prefix_hit_tokens} prefix-hit tokens, {r0.events} KV events"
     )
     print(
-        "| pool | time in manager calls, s | us per call | requests/s (manager time) "
+        "| manager and pool | time in manager calls, s | us per call | requests/s (manager time) "
         "| requests/s (end to end) |"
     )
     print("|---|---|---|---|---|")
-    for name, label in (
-        ("vllm", "vLLM BlockPool"),
-        ("kvpool", f"kvpool ({result['core']})"),
-    ):
+    for name, label in result["labels"].items():
         rs = runs[name]
         secs = [r.manager_seconds for r in rs]
         per_call = [r.manager_seconds / r.manager_calls for r in rs]
@@ -311,15 +348,18 @@ def report(w: vw.Workload, result: dict) -> float:
             f"| {label} | {fmt_range(secs)} | {fmt_range(per_call, 1e6, 2)} "
             f"| {fmt_range(rps, 1, 0)} | {fmt_range(e2e, 1, 0)} |"
         )
-    ratios = [
-        a.manager_seconds / b.manager_seconds
-        for a, b in zip(runs["vllm"], runs["kvpool"])
-    ]
-    print(
-        f"\nratio (time in manager calls, vLLM pool / kvpool), per round: "
-        f"median {statistics.median(ratios):.2f}x, range {min(ratios):.2f}x-{max(ratios):.2f}x "
-        f"over {len(ratios)} rounds"
-    )
+    print()
+    for name in runs:
+        if name == "vllm":
+            continue
+        rs = [a.manager_seconds / b.manager_seconds for a, b in zip(runs["vllm"], runs[name])]
+        if name == "kvpool":
+            ratios = rs
+        print(
+            f"ratio (time in manager calls, vLLM's / {result['labels'][name]}), per round: "
+            f"median {statistics.median(rs):.2f}x, range {min(rs):.2f}x-{max(rs):.2f}x "
+            f"over {len(rs)} rounds"
+        )
     timers = result["timers"]
     if timers["vllm"]:
         overhead = PoolTimer.overhead_per_call()
@@ -343,10 +383,7 @@ def report(w: vw.Workload, result: dict) -> float:
         )
         print("| pool | in pool calls, s | share of manager time | ns per pool call |")
         print("|---|---|---|---|")
-        for name, label in (
-            ("vllm", "vLLM BlockPool"),
-            ("kvpool", f"kvpool ({result['core']})"),
-        ):
+        for name, label in result["labels"].items():
             per = [p / calls for p in pool_secs[name]]
             print(
                 f"| {label} | {fmt_range(pool_secs[name])} | {fmt_range(shares[name], 100, 0)}% "
@@ -397,10 +434,7 @@ def report(w: vw.Workload, result: dict) -> float:
 
 
 def profile(w: vw.Workload, core: str, top: int) -> None:
-    for label, cm_factory in (
-        ("vLLM BlockPool", vllm_pool),
-        ("kvpool", lambda: kvpool_pool(core)),
-    ):
+    for label, cm_factory in sides(core).values():
         requests = vw.build_requests(w)
         gc.collect()
         prof = cProfile.Profile()
