@@ -19,7 +19,9 @@ Configurations:
 ``--profile`` runs each side once more under cProfile and prints what share
 of the generate loop's time goes to the scheduler (``schedule`` and
 ``update_from_output``), the KV-cache manager (``KVCacheManager`` and its
-coordinator and single-type managers, pool calls included), the pool
+coordinator and single-type managers, pool calls included; kvpool's compiled
+manager methods through thin Python wrappers that cProfile sees, so their
+share is an upper bound), the pool
 (vLLM's ``BlockPool`` or kvpool's facade and core) and request hashing.
 
     python .ci/vllm-engine-env.sh /tmp/engine-venv        # once
@@ -75,8 +77,10 @@ def _is_scheduler(file: str, name: str) -> bool:
 
 
 def _is_manager(file: str, name: str) -> bool:
-    return file.endswith(("kv_cache_manager.py", "kv_cache_coordinator.py",
-                          "single_type_kv_cache_manager.py")) and not name.startswith("<")
+    # kvpool's compiled manager methods, seen through engine_run's wrappers.
+    return (file.endswith(("kv_cache_manager.py", "kv_cache_coordinator.py",
+                           "single_type_kv_cache_manager.py")) and not name.startswith("<")
+            ) or name in ("kvpool_allocate_slots", "kvpool_cache_blocks")
 
 
 def _is_pool(file: str, name: str) -> bool:
