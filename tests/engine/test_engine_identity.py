@@ -246,10 +246,28 @@ def assert_same_run(scenario: dict, stock: dict, ours: dict, *, evicts: bool = F
         assert stock["events"], "the publisher sent no KV events"
 
 
-def test_broken_pool_is_caught(model_dir: Path, tmp_path: Path) -> None:
-    # The stock run of prefix-inproc (the same scenario) if that test ran.
-    stock, broken = with_stock(model_dir, "prefix-inproc", SCENARIOS["prefix-inproc"], tmp_path,
-                               broken=7)
+@pytest.fixture(scope="session")
+def broken_runs(model_dir: Path, tmp_path_factory) -> dict:
+    """The planted-fault runs of prefix-inproc, side by side: a pool giving a
+    wrong block on every 7th prefix-cache hit, and (where kvpool's line has
+    a manager) a manager leaving every 5th allocation's blocks uncached; with
+    the stock run (kept from the identity test if it ran)."""
+    tmp = tmp_path_factory.mktemp("broken")
+    scenario = SCENARIOS["prefix-inproc"]
+    runs = [(scenario, tmp / "pool", {"kvpool": True, "broken": 7})]
+    if MANAGER:
+        runs.append((scenario, tmp / "manager", {"kvpool": True, "broken_manager": 5}))
+    if "prefix-inproc" not in _stock:
+        runs.append((scenario, tmp / "stock", {"kvpool": False}))
+    results = run_engines(model_dir, runs)
+    if "prefix-inproc" not in _stock:
+        _stock["prefix-inproc"] = results.pop()
+    return {"stock": _stock["prefix-inproc"], "pool": results[0],
+            "manager": results[1] if MANAGER else None}
+
+
+def test_broken_pool_is_caught(broken_runs: dict) -> None:
+    stock, broken = broken_runs["stock"], broken_runs["pool"]
     assert broken["pool_class"].endswith("BrokenBlockPool")
     assert broken["tokens"] != stock["tokens"], (
         "a pool returning wrong cached blocks generated the same tokens: the model "
@@ -257,16 +275,15 @@ def test_broken_pool_is_caught(model_dir: Path, tmp_path: Path) -> None:
     )
 
 
-def test_broken_manager_is_caught(model_dir: Path, tmp_path: Path) -> None:
+def test_broken_manager_is_caught(broken_runs: dict) -> None:
     """kvpool's manager leaving every 5th allocation's blocks uncached must
     fail the comparison (fewer prefix-cache hits, other KV events)."""
     if not MANAGER:
         pytest.skip(f"kvpool's line for vLLM {vllm.__version__} has no KV-cache manager")
-    scenario = SCENARIOS["prefix-inproc"]
-    stock, broken = with_stock(model_dir, "prefix-inproc", scenario, tmp_path, broken_manager=5)
+    stock, broken = broken_runs["stock"], broken_runs["manager"]
     assert broken["manager_class"].endswith("BrokenKVCacheManager"), broken["manager_class"]
     assert broken["manager_counts"]["fast"] > 0, broken["manager_counts"]
     with pytest.raises(AssertionError):
-        assert_same_run(scenario, stock, broken)
+        assert_same_run(SCENARIOS["prefix-inproc"], stock, broken)
     assert (broken["metrics"]["vllm:prefix_cache_hits"]
             < stock["metrics"]["vllm:prefix_cache_hits"]), (broken["metrics"], stock["metrics"])
