@@ -566,3 +566,41 @@ def cache_blocks(self, request, num_computed_tokens):
     else:
         p.n_cache_skips += 1
     return None
+
+
+def get_block_ids(self, allow_none=False, *, group_ids=None):
+    """vLLM's ``KVCacheBlocks.get_block_ids`` (0.30-0.33): per group, the
+    ids of its blocks; with ``allow_none``, None when every selected group is
+    empty. kvpool's blocks are read in C."""
+    cdef Py_ssize_t i, j, n
+    blocks = self.blocks
+    groups = blocks if group_ids is None else tuple([blocks[g] for g in group_ids])
+    if allow_none:
+        for group in groups:
+            if len(group) != 0:
+                break
+        else:
+            return None
+    out = []
+    for group in groups:
+        if PyList_CheckExact(group):
+            n = PyList_GET_SIZE(group)
+            ids = PyList_New(n)
+            for j in range(n):
+                block = <object> PyList_GET_ITEM(group, j)
+                if type(block) in _KVPOOL_BLOCKS:
+                    block_id = (<KVCacheBlock> block)._bid
+                else:
+                    block_id = block.block_id
+                Py_INCREF(block_id)
+                PyList_SET_ITEM(ids, j, block_id)
+        else:
+            ids = [block.block_id for block in group]
+        out.append(ids)
+    return tuple(out)
+
+
+# kvpool's block classes, whose block_id is read from the handle.
+from kvpool._core import KVCacheBlock as _B15, KVCacheBlock24 as _B24, KVCacheBlock33 as _B33
+
+cdef frozenset _KVPOOL_BLOCKS = frozenset((_B15, _B24, _B33))

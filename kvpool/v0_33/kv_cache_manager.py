@@ -10,7 +10,11 @@ scheduler calls for every running request on every step:
   (a running request's decode or prefill chunk, a new request with no
   prefix-cache hit); vLLM's own method otherwise;
 - ``cache_blocks``: vLLM's coordinator only when a group has a block to
-  cache.
+  cache;
+
+and what it hands the scheduler, ``KVCacheBlocks``, is vLLM's class with a
+compiled ``get_block_ids`` (the scheduler calls it for every scheduled
+request on every step).
 
 Which configurations the compiled paths serve is decided when the manager
 is built (``kvpool._manager.plan_for``): one full-attention group, or full
@@ -36,7 +40,13 @@ __all__ = ["KVCacheBlocks", "KVCacheManager"]
 
 logger = logging.getLogger("kvpool.vllm")
 
-KVCacheBlocks = _vllm.KVCacheBlocks
+class KVCacheBlocks(_vllm.KVCacheBlocks):
+    """vLLM's ``KVCacheBlocks`` (the same dataclass: fields, equality among
+    kvpool's, ``repr``), with ``get_block_ids`` in C."""
+
+    __slots__ = ()
+    get_block_ids = _manager.get_block_ids
+
 
 _COORDINATORS = tuple(
     getattr(_coordinator, name)
@@ -65,6 +75,8 @@ class KVCacheManager(_vllm.KVCacheManager):
     @functools.wraps(_vllm.KVCacheManager.__init__)  # its signature, for callers that read it
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        # The same empty blocks (nested tuples), of kvpool's class.
+        self.empty_kv_cache_blocks = KVCacheBlocks(self.empty_kv_cache_blocks.blocks)
         plan, reason = _manager.plan_for(
             self,
             base=self._kvpool_base,
@@ -87,3 +99,6 @@ class KVCacheManager(_vllm.KVCacheManager):
 
     allocate_slots = _manager.allocate_slots
     cache_blocks = _manager.cache_blocks
+
+    def create_kv_cache_blocks(self, blocks):  # noqa: D102 - vLLM's, of kvpool's class
+        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
