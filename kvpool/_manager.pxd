@@ -33,8 +33,6 @@ cdef class ManagerPlan:
     cdef object empty             # manager.empty_kv_cache_blocks
     cdef object empty_blocks      # empty.blocks
     cdef object kv_cache_blocks   # vLLM's KVCacheBlocks class
-    cdef object base_allocate_slots   # vLLM's KVCacheManager.allocate_slots
-    cdef object base_cache_blocks     # vLLM's KVCacheManager.cache_blocks
     cdef object waiting           # RequestStatus.WAITING
     cdef object preempted         # RequestStatus.PREEMPTED
     cdef Py_ssize_t max_model_len
@@ -43,6 +41,9 @@ cdef class ManagerPlan:
     cdef Py_ssize_t hash_block_size
     cdef bint hybrid              # a HybridKVCacheCoordinator (no reprefillable cut)
     cdef bint cap_at_hashed       # 0.33: cache_blocks stops at the hashed tokens
+    cdef bint trims_null_head     # 0.33: free() drops a table's leading null blocks
+    cdef bint has_prefill_end     # 0.31 on: get_num_blocks_to_allocate's prefill_end
+    cdef object base_num_blocks   # the coordinator class's get_num_blocks_to_allocate
     cdef bint caching             # any group caches
     # How the calls went, for tests and benchmarks (``ManagerPlan.counts``).
     cdef Py_ssize_t n_fast        # allocate_slots done here, adopting nothing

@@ -9,7 +9,6 @@ class ManagerPlan:
 def plan_for(
     manager: Any,
     *,
-    base: type,
     kv_cache_blocks: type,
     request_status: Any,
     full_cls: type,
@@ -18,6 +17,8 @@ def plan_for(
     coordinator_classes: tuple[type, ...],
     hybrid_cls: type,
     cap_at_hashed: bool,
+    trims_null_head: bool,
+    has_prefill_end: bool,
     cap_attr: str,
 ) -> tuple[ManagerPlan, None] | tuple[None, str]: ...
 def allocate_slots(
@@ -53,3 +54,23 @@ def cache_blocks(self: Any, request: Any, num_computed_tokens: int) -> None: ...
 def get_block_ids(
     self: Any, allow_none: bool = False, *, group_ids: Any | None = None
 ) -> tuple[list[int], ...] | None: ...
+def free(self: Any, request: Any) -> None: ...
+def get_blocks(self: Any, request_id: str) -> Any: ...
+def get_block_ids_of(self: Any, request_id: str) -> tuple[list[int], ...]: ...
+def take_new_block_ids(self: Any) -> list[int]: ...
+def remove_skipped_blocks(
+    self: Any, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+) -> None: ...
+def coordinator_get_num_blocks_to_allocate(
+    self: Any,
+    request_id: str,
+    num_tokens: int,
+    new_computed_blocks: tuple[Any, ...],
+    num_encoder_tokens: int,
+    total_computed_tokens: int,
+    num_local_computed_tokens: int,
+    num_tokens_main_model: int,
+    apply_admission_cap: bool = False,
+    *args: Any,
+    **kwargs: Any,
+) -> int: ...

@@ -118,8 +118,9 @@ cdef class ManagerPlan:
         return f"<kvpool ManagerPlan groups=[{kinds}] caching={bool(self.caching)}>"
 
 
-def plan_for(manager, *, base, kv_cache_blocks, request_status, full_cls, sliding_cls, base_single,
-             coordinator_classes, hybrid_cls, bint cap_at_hashed, str cap_attr):
+def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls, base_single,
+             coordinator_classes, hybrid_cls, bint cap_at_hashed, bint trims_null_head,
+             bint has_prefill_end, str cap_attr):
     """``(plan, None)`` if ``manager`` (a vLLM ``KVCacheManager``, built) is in
     the scope of these paths, else ``(None, reason)``.
 
@@ -127,10 +128,13 @@ def plan_for(manager, *, base, kv_cache_blocks, request_status, full_cls, slidin
     ``SlidingWindowManager`` (exactly those classes) over the one pool, a
     coordinator of one of ``coordinator_classes`` (exactly), no EAGLE /
     multi-token prediction, no groups that retain longer hits, no context
-    parallelism. The line's differences: ``base``, the vLLM class whose
-    methods take every call outside the fast case; ``cap_at_hashed`` (0.33:
-    a group caches no further than the request's hashed tokens);
-    ``cap_attr``, the name of a sliding-window manager's admission cap."""
+    parallelism. The line's differences: ``cap_at_hashed`` (0.33: a group
+    caches no further than the request's hashed tokens); ``trims_null_head``
+    (0.33: ``free`` drops a table's leading null blocks); ``has_prefill_end``
+    (0.31 on: the coordinator's ``get_num_blocks_to_allocate`` takes it);
+    ``cap_attr``, the name of a sliding-window manager's admission cap.
+    Every call outside the fast case goes to the method of the vLLM class the
+    manager's class extends (its ``_kvpool_base``)."""
     cdef ManagerPlan p = ManagerPlan.__new__(ManagerPlan)
     cdef _Group g
     coordinator = manager.coordinator
@@ -194,8 +198,7 @@ def plan_for(manager, *, base, kv_cache_blocks, request_status, full_cls, slidin
     p.empty = manager.empty_kv_cache_blocks
     p.empty_blocks = p.empty.blocks
     p.kv_cache_blocks = kv_cache_blocks
-    p.base_allocate_slots = base.allocate_slots
-    p.base_cache_blocks = base.cache_blocks
+    p.base_num_blocks = type(coordinator).get_num_blocks_to_allocate
     p.waiting = request_status.WAITING
     p.preempted = request_status.PREEMPTED
     p.max_model_len = manager.max_model_len
@@ -204,6 +207,8 @@ def plan_for(manager, *, base, kv_cache_blocks, request_status, full_cls, slidin
     p.hash_block_size = pool.hash_block_size
     p.hybrid = type(coordinator) is hybrid_cls
     p.cap_at_hashed = cap_at_hashed
+    p.trims_null_head = trims_null_head
+    p.has_prefill_end = has_prefill_end
     if p.hash_block_size <= 0:
         return None, "a hash block size that is not positive"
     return p, None
@@ -499,12 +504,8 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     return p.kv_cache_blocks(result) if any_new else p.empty
 
 
-cdef object _vllm_method(self, name):
-    # vLLM's method ``name`` of the class this manager extends.
-    plan = self._kvpool_plan
-    if plan is not None:
-        return (<ManagerPlan> plan).base_allocate_slots if name == "allocate_slots" \
-            else (<ManagerPlan> plan).base_cache_blocks
+cdef object _vllm_base(self, name):
+    # vLLM's method ``name`` of the class a manager extends.
     return getattr(type(self)._kvpool_base, name)
 
 
@@ -523,7 +524,7 @@ def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
                        full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
     if result is not _VLLM:
         return result
-    return _vllm_method(self, "allocate_slots")(
+    return _vllm_base(self, "allocate_slots")(
         self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
         num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
         num_encoder_tokens, full_sequence_must_fit, reserved_blocks, has_scheduled_reqs,
@@ -544,7 +545,7 @@ def allocate_slots_0_30(self, request, num_new_tokens, num_new_computed_tokens=0
                        full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
     if result is not _VLLM:
         return result
-    return _vllm_method(self, "allocate_slots")(
+    return _vllm_base(self, "allocate_slots")(
         self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
         num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
         num_encoder_tokens, full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
@@ -557,7 +558,7 @@ def cache_blocks(self, request, num_computed_tokens):
     cdef Py_ssize_t n
     plan = self._kvpool_plan
     if plan is None or not _count(num_computed_tokens, &n):
-        return _vllm_method(self, "cache_blocks")(self, request, num_computed_tokens)
+        return _vllm_base(self, "cache_blocks")(self, request, num_computed_tokens)
     p = <ManagerPlan> plan
     if not self.enable_caching:
         return None
@@ -598,6 +599,137 @@ def get_block_ids(self, allow_none=False, *, group_ids=None):
             ids = [block.block_id for block in group]
         out.append(ids)
     return tuple(out)
+
+
+cdef Py_ssize_t _null_head_len(object blocks) except -1:
+    # vLLM 0.33's null_head_len: leading null blocks, by the same bisection.
+    cdef Py_ssize_t lo = 1, hi, mid
+    if not blocks or not blocks[0].is_null:
+        return 0
+    hi = len(blocks)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if blocks[mid].is_null:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def free(self, request):
+    """vLLM's ``KVCacheManager.free``: each group's blocks leave the
+    request's table and go back to the pool, tail first."""
+    cdef _Group g
+    cdef Py_ssize_t nhl
+    plan = self._kvpool_plan
+    if plan is None:
+        return _vllm_base(self, "free")(self, request)
+    p = <ManagerPlan> plan
+    rid = request.request_id
+    for g in p.groups:
+        # (pop_blocks_for_free, then free_blocks, group by group)
+        blocks = g.mgr.req_to_blocks.pop(rid, [])
+        g.mgr.num_cached_block.pop(rid, None)
+        g.mgr._partial_hit_reqs.pop(rid, None)
+        if p.trims_null_head:
+            nhl = _null_head_len(blocks)
+            if nhl:
+                blocks = blocks[nhl:]
+        p.pool.free_blocks(reversed(blocks))
+    return None
+
+
+def get_blocks(self, request_id):
+    """vLLM's ``KVCacheManager.get_blocks``: the request's blocks per group
+    (its tables' lists themselves), or the manager's empty blocks."""
+    cdef _Group g
+    cdef Py_ssize_t i
+    cdef PyObject *entry
+    plan = self._kvpool_plan
+    if plan is None:
+        return _vllm_base(self, "get_blocks")(self, request_id)
+    p = <ManagerPlan> plan
+    result = PyTuple_New(p.ngroups)
+    any_blocks = False
+    for i in range(p.ngroups):
+        g = <_Group> p.groups[i]
+        entry = PyDict_GetItem(g.mgr.req_to_blocks, request_id)
+        blocks = <object> entry if entry != NULL else None
+        if not blocks:
+            blocks = []
+        else:
+            any_blocks = True
+        Py_INCREF(blocks)
+        PyTuple_SET_ITEM(result, i, blocks)
+    return p.kv_cache_blocks(result) if any_blocks else p.empty
+
+
+def get_block_ids_of(self, request_id):
+    """vLLM's ``KVCacheManager.get_block_ids``: the ids of the request's
+    blocks, per group."""
+    return get_block_ids(get_blocks(self, request_id))
+
+
+def take_new_block_ids(self):
+    """vLLM's ``KVCacheManager.take_new_block_ids``: every group's new block
+    ids since the last call (each group's list is taken and replaced)."""
+    cdef _Group g
+    plan = self._kvpool_plan
+    if plan is None:
+        return _vllm_base(self, "take_new_block_ids")(self)
+    ids = []
+    for g in (<ManagerPlan> plan).groups:
+        taken = g.mgr.new_block_ids
+        g.mgr.new_block_ids = []
+        ids.extend(taken)
+    return ids
+
+
+def remove_skipped_blocks(self, request_id, processed_computed_tokens, num_prompt_tokens=None):
+    """vLLM's ``KVCacheManager.remove_skipped_blocks``: a sliding-window
+    group's manager is called only when a block left its window."""
+    cdef _Group g
+    cdef Py_ssize_t processed
+    plan = self._kvpool_plan
+    if plan is None or not _count(processed_computed_tokens, &processed):
+        return _vllm_base(self, "remove_skipped_blocks")(
+            self, request_id, processed_computed_tokens, num_prompt_tokens)
+    p = <ManagerPlan> plan
+    for g in p.groups:
+        if g.sliding and _window_has_left(p, g, request_id, processed):
+            g.mgr.remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
+    return None
+
+
+def coordinator_get_num_blocks_to_allocate(self, request_id, num_tokens, new_computed_blocks,
+                                           num_encoder_tokens, total_computed_tokens,
+                                           num_local_computed_tokens, num_tokens_main_model,
+                                           apply_admission_cap=False, *args, **kwargs):
+    """vLLM's ``KVCacheCoordinator.get_num_blocks_to_allocate`` (bound to the
+    coordinator of a manager these paths serve; later arguments, such as
+    0.31's ``prefill_end``, only matter to Mamba groups): in C when no group
+    has new computed blocks."""
+    cdef ManagerPlan p = <ManagerPlan> self._kvpool_plan
+    cdef Py_ssize_t tokens, total, required = 0
+    fast = _count(num_tokens, &tokens) and _count(total_computed_tokens, &total) \
+        and PyTuple_CheckExact(new_computed_blocks) and len(new_computed_blocks) == p.ngroups \
+        and (not (args or kwargs) or (p.has_prefill_end and len(args) + len(kwargs) == 1
+                                      and (args or "prefill_end" in kwargs)))
+    if fast:
+        for group_blocks in new_computed_blocks:
+            if len(group_blocks) != 0:
+                fast = False
+                break
+    if not fast:
+        return p.base_num_blocks(self, request_id, num_tokens, new_computed_blocks,
+                                 num_encoder_tokens, total_computed_tokens,
+                                 num_local_computed_tokens, num_tokens_main_model,
+                                 apply_admission_cap, *args, **kwargs)
+    admission_cap = bool(apply_admission_cap)
+    for g in p.groups:
+        required += _num_blocks_to_allocate(<_Group> g, request_id, tokens, None, total,
+                                            admission_cap)
+    return required
 
 
 # kvpool's block classes, whose block_id is read from the handle.

@@ -1,6 +1,7 @@
 """kvpool's ``KVCacheManager`` for vLLM 0.30: the 0.31 line's, but a
 sliding-window manager keeps its admission cap as
-``_max_admission_blocks_per_request``. Imports vLLM."""
+``_max_admission_blocks_per_request``, and the coordinator's
+``get_num_blocks_to_allocate`` has no ``prefill_end``. Imports vLLM."""
 
 from __future__ import annotations
 
@@ -13,3 +14,4 @@ __all__ = ["KVCacheBlocks", "KVCacheManager"]
 class KVCacheManager(_v0_31.KVCacheManager):
     __doc__ = _v0_31.KVCacheManager.__doc__
     _kvpool_cap_attr = "_max_admission_blocks_per_request"
+    _kvpool_has_prefill_end = False

@@ -1,6 +1,7 @@
 """kvpool's ``KVCacheManager`` for vLLM 0.32: the 0.33 line's, but a
 group's ``cache_blocks`` counts every full block of the tokens it is given
-(0.33 stops at the request's hashed tokens). Imports vLLM."""
+(0.33 stops at the request's hashed tokens), and ``free`` gives a table
+back whole (0.33 drops its leading null blocks). Imports vLLM."""
 
 from __future__ import annotations
 
@@ -13,3 +14,4 @@ __all__ = ["KVCacheBlocks", "KVCacheManager"]
 class KVCacheManager(_v0_33.KVCacheManager):
     __doc__ = _v0_33.KVCacheManager.__doc__
     _kvpool_cap_at_hashed = False
+    _kvpool_trims_null_head = False

@@ -10,7 +10,11 @@ scheduler calls for every running request on every step:
   (a running request's decode or prefill chunk, a new request with no
   prefix-cache hit); vLLM's own method otherwise;
 - ``cache_blocks``: vLLM's coordinator only when a group has a block to
-  cache;
+  cache (a full-attention group's new full blocks go to the pool directly);
+- ``free``, ``get_blocks``, ``get_block_ids``, ``take_new_block_ids``,
+  ``remove_skipped_blocks`` (a window's manager only when a block left it),
+  and the coordinator's ``get_num_blocks_to_allocate`` (bound on the
+  coordinator instance) when no group has new computed blocks;
 
 and what it hands the scheduler, ``KVCacheBlocks``, is vLLM's class with a
 compiled ``get_block_ids`` (the scheduler calls it for every scheduled
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import types
 
 from vllm.v1.core import kv_cache_coordinator as _coordinator
 from vllm.v1.core import kv_cache_manager as _vllm
@@ -69,6 +74,10 @@ class KVCacheManager(_vllm.KVCacheManager):
     _kvpool_base = _vllm.KVCacheManager
     #: 0.33: a group caches no further than the request's hashed tokens.
     _kvpool_cap_at_hashed = True
+    #: 0.33: ``free`` gives back a table without its leading null blocks.
+    _kvpool_trims_null_head = True
+    #: 0.31 on: the coordinator's ``get_num_blocks_to_allocate`` takes ``prefill_end``.
+    _kvpool_has_prefill_end = True
     #: A sliding-window manager's admission cap.
     _kvpool_cap_attr = "max_admission_blocks_per_request"
 
@@ -79,7 +88,6 @@ class KVCacheManager(_vllm.KVCacheManager):
         self.empty_kv_cache_blocks = KVCacheBlocks(self.empty_kv_cache_blocks.blocks)
         plan, reason = _manager.plan_for(
             self,
-            base=self._kvpool_base,
             kv_cache_blocks=KVCacheBlocks,
             request_status=RequestStatus,
             full_cls=_single.FullAttentionManager,
@@ -88,17 +96,32 @@ class KVCacheManager(_vllm.KVCacheManager):
             coordinator_classes=_COORDINATORS,
             hybrid_cls=_coordinator.HybridKVCacheCoordinator,
             cap_at_hashed=self._kvpool_cap_at_hashed,
+            trims_null_head=self._kvpool_trims_null_head,
+            has_prefill_end=self._kvpool_has_prefill_end,
             cap_attr=self._kvpool_cap_attr,
         )
         self._kvpool_plan = plan
         #: ``None`` when the compiled paths serve this manager, else why not.
         self.kvpool_fallback_reason = reason
+        if plan is not None:
+            # The scheduler calls the coordinator's too: the coordinator
+            # object stays vLLM's, with this method bound on the instance.
+            coordinator = self.coordinator
+            coordinator._kvpool_plan = plan
+            coordinator.get_num_blocks_to_allocate = types.MethodType(
+                _manager.coordinator_get_num_blocks_to_allocate, coordinator
+            )
         if reason is not None and reason not in _logged:
             _logged.add(reason)
             logger.info("kvpool's KV-cache manager paths do not serve %s: vLLM's code runs", reason)
 
     allocate_slots = _manager.allocate_slots
     cache_blocks = _manager.cache_blocks
+    free = _manager.free
+    get_blocks = _manager.get_blocks
+    get_block_ids = _manager.get_block_ids_of
+    take_new_block_ids = _manager.take_new_block_ids
+    remove_skipped_blocks = _manager.remove_skipped_blocks
 
     def create_kv_cache_blocks(self, blocks):  # noqa: D102 - vLLM's, of kvpool's class
         return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks

@@ -356,6 +356,33 @@ def run(
                 budget -= num_new
                 i += 1
 
+            # The blocks in-flight prefills still need (the scheduler's
+            # _request_remaining_blocks, through the coordinator).
+            for req in running:
+                if req.num_computed_tokens >= req.num_prompt_tokens:
+                    continue
+                full = min(req.num_tokens, w.max_model_len)
+                coordinator = mgr.coordinator
+                t0 = clock()
+                remaining = coordinator.get_num_blocks_to_allocate(
+                    request_id=req.request_id,
+                    num_tokens=full,
+                    new_computed_blocks=mgr.empty_kv_cache_blocks.blocks,
+                    num_encoder_tokens=0,
+                    total_computed_tokens=req.num_computed_tokens,
+                    num_local_computed_tokens=req.num_computed_tokens,
+                    num_tokens_main_model=full,
+                    apply_admission_cap=True,
+                    **accepted(
+                        type(coordinator).get_num_blocks_to_allocate,
+                        prefill_end=max(req.num_prompt_tokens, req.num_tokens - 1),
+                    ),
+                )
+                spent += clock() - t0
+                calls += 1
+                if record:
+                    trace.append(("remaining", step, req.request_id, remaining))
+
             # 2. Waiting requests, unless this step preempted.
             while (
                 not preempted
@@ -417,6 +444,12 @@ def run(
                 record_prefix_cache_stats(req, num_computed)
                 spent += clock() - t0
                 calls += 1
+                t0 = clock()
+                admitted_blocks = mgr.get_blocks(req.request_id)
+                spent += clock() - t0
+                calls += 1
+                if record:
+                    trace.append(("blocks", step, req.request_id, _ids(admitted_blocks)))
                 waiting.popleft()
                 running.append(req)
                 req.status = RUNNING
@@ -470,6 +503,21 @@ def run(
             for req in finished:
                 running.remove(req)
                 req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+                # As the scheduler does before it hands a finished request's
+                # table to a connector.
+                t0 = clock()
+                mgr.remove_skipped_blocks(
+                    request_id=req.request_id,
+                    processed_computed_tokens=max(
+                        0, req.num_computed_tokens - req.num_in_flight_tokens
+                    ),
+                    num_prompt_tokens=req.num_prompt_tokens,
+                )
+                final_ids = mgr.get_block_ids(req.request_id)
+                spent += clock() - t0
+                calls += 2
+                if record:
+                    trace.append(("final", step, req.request_id, final_ids))
                 t0 = clock()
                 mgr.free(req)
                 spent += clock() - t0
