@@ -52,3 +52,6 @@ cdef class ManagerPlan:
     cdef Py_ssize_t n_cache_calls # coordinator.cache_blocks called from here
     cdef Py_ssize_t n_cache_direct  # pool.cache_full_blocks called from here
     cdef Py_ssize_t n_cache_skips # cache_blocks with nothing to cache
+    cdef Py_ssize_t n_lookups     # get_computed_blocks done here
+    cdef bint lookup_direct       # get_computed_blocks in C (see plan_for)
+    cdef Py_ssize_t lookup_block_size

@@ -15,6 +15,7 @@ def plan_for(
     sliding_cls: type,
     base_single: type,
     coordinator_classes: tuple[type, ...],
+    unitary_cls: type,
     hybrid_cls: type,
     cap_at_hashed: bool,
     trims_null_head: bool,
@@ -74,3 +75,7 @@ def coordinator_get_num_blocks_to_allocate(
     *args: Any,
     **kwargs: Any,
 ) -> int: ...
+def get_computed_blocks(
+    self: Any, request: Any, max_cache_hit_length: int | None = None
+) -> tuple[Any, int, int]: ...
+def get_computed_blocks_0_30(self: Any, request: Any) -> tuple[Any, int, int]: ...

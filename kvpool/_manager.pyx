@@ -100,7 +100,7 @@ cdef class ManagerPlan:
         done in C (adopting no computed blocks, or adopting a prefix-cache
         hit) and handed to vLLM's method; caching steps (of both entry points) that called the
         coordinator, called the pool's ``cache_full_blocks`` from here, or
-        found nothing to cache."""
+        found nothing to cache; prefix-cache lookups done here."""
         return {
             "fast": self.n_fast,
             "adopt": self.n_adopt,
@@ -108,6 +108,7 @@ cdef class ManagerPlan:
             "cache_calls": self.n_cache_calls,
             "cache_direct": self.n_cache_direct,
             "cache_skips": self.n_cache_skips,
+            "lookups": self.n_lookups,
         }
 
     def __repr__(self):
@@ -119,7 +120,7 @@ cdef class ManagerPlan:
 
 
 def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls, base_single,
-             coordinator_classes, hybrid_cls, bint cap_at_hashed, bint trims_null_head,
+             coordinator_classes, unitary_cls, hybrid_cls, bint cap_at_hashed, bint trims_null_head,
              bint has_prefill_end, str cap_attr):
     """``(plan, None)`` if ``manager`` (a vLLM ``KVCacheManager``, built) is in
     the scope of these paths, else ``(None, reason)``.
@@ -208,6 +209,17 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     p.hybrid = type(coordinator) is hybrid_cls
     p.cap_at_hashed = cap_at_hashed
     p.trims_null_head = trims_null_head
+    # get_computed_blocks in C: one full-attention group of the unitary
+    # coordinator, its block the hash block and the hit alignment.
+    g = <_Group> p.groups[0] if p.ngroups == 1 else None
+    p.lookup_direct = (
+        type(coordinator) is unitary_cls
+        and g is not None
+        and not g.sliding
+        and g.block_size == p.hash_block_size == coordinator.block_size
+        and type(g.mgr).find_longest_cache_hit.__func__ is full_cls.find_longest_cache_hit.__func__
+    )
+    p.lookup_block_size = g.block_size if g is not None else 1
     p.has_prefill_end = has_prefill_end
     if p.hash_block_size <= 0:
         return None, "a hash block size that is not positive"
@@ -599,6 +611,65 @@ def get_block_ids(self, allow_none=False, *, group_ids=None):
             ids = [block.block_id for block in group]
         out.append(ids)
     return tuple(out)
+
+
+cdef object _computed_blocks(self, request, max_cache_hit_length):
+    # KVCacheManager.get_computed_blocks when the plan looks up directly (one
+    # full-attention group of the unitary coordinator whose block is the hash
+    # block: vLLM's find_longest_cache_hit is then a walk from the first
+    # block hash, each looked up in the pool, to the first miss); _VLLM for
+    # any other case, before anything is read twice.
+    cdef ManagerPlan p
+    cdef Py_ssize_t max_length, n, i
+    plan = self._kvpool_plan
+    if plan is None or not (<ManagerPlan> plan).lookup_direct:
+        return _VLLM
+    p = <ManagerPlan> plan
+    p.n_lookups += 1
+    if not (self.enable_caching and not request.skip_reading_prefix_cache):
+        return p.empty, 0, 0
+    if max_cache_hit_length is None:
+        max_cache_hit_length = request.num_tokens - 1
+    hashes = request.block_hashes
+    if not _count(max_cache_hit_length, &max_length) or max_length < 0 \
+            or not PyList_CheckExact(hashes):
+        return _VLLM
+    n = max_length // p.lookup_block_size
+    if n > PyList_GET_SIZE(hashes):
+        n = PyList_GET_SIZE(hashes)
+    hit = []
+    get_cached_block = p.pool.get_cached_block
+    group_ids = [0]  # kv_cache_group_ids, one list for the lookup as in vLLM
+    for i in range(n):
+        cached = get_cached_block(<object> PyList_GET_ITEM(hashes, i), group_ids)
+        if not cached:
+            break
+        hit.append(cached[0])
+    num_new_computed = len(hit) * p.lookup_block_size
+    computed = (hit,)
+    if num_new_computed > 0 and self.enable_kv_cache_events and \
+            getattr(request, "kv_cache_report_mode", "incremental") == "full":
+        p.coordinator.emit_cached_block_events(request, computed)
+    return (p.kv_cache_blocks(computed) if hit else p.empty), num_new_computed, 0
+
+
+def get_computed_blocks(self, request, max_cache_hit_length=None):
+    """vLLM 0.33's ``KVCacheManager.get_computed_blocks``: the prefix-cache
+    hit looked up in C for one full-attention group whose block is the hash
+    block; vLLM's own method otherwise."""
+    result = _computed_blocks(self, request, max_cache_hit_length)
+    if result is _VLLM:
+        return _vllm_base(self, "get_computed_blocks")(self, request, max_cache_hit_length)
+    return result
+
+
+def get_computed_blocks_0_30(self, request):
+    """vLLM 0.30-0.32's ``KVCacheManager.get_computed_blocks`` (no
+    ``max_cache_hit_length``), as ``get_computed_blocks``."""
+    result = _computed_blocks(self, request, None)
+    if result is _VLLM:
+        return _vllm_base(self, "get_computed_blocks")(self, request)
+    return result
 
 
 cdef Py_ssize_t _null_head_len(object blocks) except -1:

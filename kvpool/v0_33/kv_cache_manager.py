@@ -11,6 +11,8 @@ scheduler calls for every running request on every step:
   prefix-cache hit); vLLM's own method otherwise;
 - ``cache_blocks``: vLLM's coordinator only when a group has a block to
   cache (a full-attention group's new full blocks go to the pool directly);
+- ``get_computed_blocks``: the prefix-cache lookup of one full-attention
+  group whose block is the hash block;
 - ``free``, ``get_blocks``, ``get_block_ids``, ``take_new_block_ids``,
   ``remove_skipped_blocks`` (a window's manager only when a block left it),
   and the coordinator's ``get_num_blocks_to_allocate`` (bound on the
@@ -94,6 +96,7 @@ class KVCacheManager(_vllm.KVCacheManager):
             sliding_cls=_single.SlidingWindowManager,
             base_single=_single.SingleTypeKVCacheManager,
             coordinator_classes=_COORDINATORS,
+            unitary_cls=_coordinator.UnitaryKVCacheCoordinator,
             hybrid_cls=_coordinator.HybridKVCacheCoordinator,
             cap_at_hashed=self._kvpool_cap_at_hashed,
             trims_null_head=self._kvpool_trims_null_head,
@@ -117,6 +120,7 @@ class KVCacheManager(_vllm.KVCacheManager):
 
     allocate_slots = _manager.allocate_slots
     cache_blocks = _manager.cache_blocks
+    get_computed_blocks = _manager.get_computed_blocks
     free = _manager.free
     get_blocks = _manager.get_blocks
     get_block_ids = _manager.get_block_ids_of

@@ -332,6 +332,12 @@ def test_kvpool_manager_against_vllm(workload: vw.Workload, request: pytest.Fixt
                 # directly, or through vLLM's coordinator).
                 assert counts["adopt"] > 0, counts
                 assert counts["cache_calls"] + counts["cache_direct"] > 0, counts
+                # One full-attention group, its block the hash block: the
+                # prefix-cache lookups are done in C.
+                if [(g.kind, g.block_size) for g in workload.groups] == [
+                    ("full", workload.hash_block_size)
+                ]:
+                    assert counts["lookups"] > 0, counts
                 # A full-attention block larger than the hash block may
                 # register a partial tail on any step: vLLM's code decides.
                 if not any(
