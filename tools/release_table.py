@@ -64,7 +64,10 @@ TESTED: tuple[Tested, ...] = (
     Tested(
         "manager",
         "`tests/vllm_release_mgr`: the release's own `KVCacheManager`, driven as its "
-        "scheduler drives it, over its pool and over kvpool's: identical traces",
+        "scheduler drives it, over its pool and over kvpool's, and (0.30 on) kvpool's "
+        "compiled manager over kvpool's pool against vLLM's manager and pool: identical "
+        "traces; a hypothesis state machine of the two managers; a deliberately broken "
+        "manager must be caught",
         ".ci/vllm-mgr-all.sh",
         "newest",
     ),
@@ -98,7 +101,9 @@ TESTED: tuple[Tested, ...] = (
         "that evicts and preempts, caching off, a full + sliding-window model, a short soak "
         "run), stock "
         "against kvpool: identical tokens, counters and KV events, live objects and RSS no "
-        "higher than stock's; planted wrong-block and leaking pools must be caught",
+        "higher than stock's, and (0.30 on) kvpool's manager in the engine core; planted "
+        "wrong-block and leaking pools and a manager that leaves blocks uncached must be "
+        "caught",
         ".ci/vllm-engine-tests.sh",
         ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0"),
     ),
@@ -139,7 +144,8 @@ def rows() -> list[tuple[str, str, str]]:
             nearest = vllm_line(release, force=True)
             out.append((release, f"refused (`force`: the {nearest.name} line)", "—"))
             continue
-        out.append((release, f"{line.name} (`{line.module}`)", tested(release)))
+        manager = f" + `{line.manager}`" if line.manager else ""
+        out.append((release, f"{line.name} (`{line.module}`{manager})", tested(release)))
     return out
 
 
