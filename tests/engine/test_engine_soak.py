@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from soak import problems
 from test_engine_identity import BASE, model_dir, with_stock  # noqa: F401 (a fixture)
 
@@ -42,6 +44,7 @@ def test_soak_flat_and_identical(model_dir: Path, tmp_path: Path) -> None:
     assert sum(w["reset_prefix_cache"] for w in ours["waves"]) == SOAK["waves"] // 3
 
 
+@pytest.mark.proof
 def test_leaky_pool_is_caught(model_dir: Path, tmp_path: Path) -> None:
     stock, leaky = runs(model_dir, tmp_path, leaky=True)
     assert leaky["pool_class"].endswith("LeakyBlockPool")
