@@ -15,6 +15,8 @@ CHECKS = {
     "test_vllm_against_itself": "vLLM vs vLLM",
     "test_kvpool_against_vllm": "kvpool vs vLLM",
     "test_a_broken_pool_is_caught": "broken pools caught",
+    "test_manager_state_machine": "manager state machine",
+    "test_a_broken_manager_fails_the_machine": "broken managers fail the machine",
 }
 
 

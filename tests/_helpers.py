@@ -348,12 +348,16 @@ class BusyPool:
 # A state machine again under ``python -X dev``
 
 
-def run_state_machine_under_dev_mode(test_file: str, no_c_extensions: bool) -> None:
-    """Run ``test_state_machine`` of ``test_file`` (in this directory) in a
-    ``python -X dev`` subprocess (debug allocator hooks, faulthandler, all
-    warnings, ResourceWarning an error), so that memory errors in the compiled
-    core show up as crashes rather than passing by; the ``ci`` hypothesis
-    profile with ``KVPOOL_DEV_MODE_EXAMPLES`` examples (default 100)."""
+def run_state_machine_under_dev_mode(
+    test_file: str, no_c_extensions: bool, default_examples: int = 100, passed: int = 1
+) -> None:
+    """Run ``test_state_machine`` of ``test_file`` (a path from this
+    directory) in a ``python -X dev`` subprocess (debug allocator hooks,
+    faulthandler, all warnings, ResourceWarning an error), so that memory
+    errors in the compiled core show up as crashes rather than passing by;
+    the ``ci`` hypothesis profile with ``KVPOOL_DEV_MODE_EXAMPLES`` examples
+    (default ``default_examples``). ``passed``: how many tests that selects
+    (a parametrized ``test_state_machine``: more than one)."""
     import os
     import subprocess
     import sys
@@ -365,7 +369,7 @@ def run_state_machine_under_dev_mode(test_file: str, no_c_extensions: bool) -> N
     env = dict(os.environ)
     package_root = str(Path(kvpool.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-    env["KVPOOL_HYPOTHESIS_EXAMPLES"] = env.get("KVPOOL_DEV_MODE_EXAMPLES", "100")
+    env["KVPOOL_HYPOTHESIS_EXAMPLES"] = env.get("KVPOOL_DEV_MODE_EXAMPLES", str(default_examples))
     env["KVPOOL_HYPOTHESIS_PROFILE"] = "ci"
     cmd = [
         sys.executable,
@@ -389,5 +393,5 @@ def run_state_machine_under_dev_mode(test_file: str, no_c_extensions: bool) -> N
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tests_dir, timeout=900)
     if proc.returncode != 0:
         raise AssertionError(proc.stdout[-4000:] + proc.stderr[-4000:])
-    if "1 passed" not in proc.stdout:
+    if not re.search(rf"\b{passed} passed\b", proc.stdout):
         raise AssertionError(proc.stdout[-2000:])

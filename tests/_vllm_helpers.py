@@ -1,12 +1,16 @@
 """What the tests against a real vLLM (tests/vllm for the 0.15 line,
-tests/vllm33 for the 0.33 line) share: the strict-mode checks, kvpool's
-entry point, and a clean install state around every test. Imports neither
-vLLM nor anything that does."""
+tests/vllm33 for the 0.33 line, tests/vllm_release_mgr) share: the
+strict-mode checks, kvpool's entry point, a clean install state around every
+test, and putting a pool class where vLLM builds its pool. Imports neither
+vLLM nor anything that does (``pool_in_vllm`` imports it when entered)."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import importlib.metadata
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -49,3 +53,27 @@ def no_leftover_install(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("KVPOOL_VLLM", raising=False)
     yield
     kv_vllm.uninstall()
+
+
+# Where every release names the pool class it builds (the coordinator builds
+# it; the single-type managers use the name for annotations).
+_POOL_NAME_MODULES = (
+    "vllm.v1.core.kv_cache_coordinator",
+    "vllm.v1.core.single_type_kv_cache_manager",
+)
+
+
+@contextlib.contextmanager
+def pool_in_vllm(pool_class: type) -> Iterator[None]:
+    """vLLM builds ``pool_class`` inside the block: the names it builds its
+    pool through are rebound, as ``kvpool.vllm.install()`` does (imports
+    vLLM when entered)."""
+    modules = [importlib.import_module(name) for name in _POOL_NAME_MODULES]
+    saved = [(m, m.BlockPool) for m in modules if hasattr(m, "BlockPool")]
+    for module, _ in saved:
+        module.BlockPool = pool_class
+    try:
+        yield
+    finally:
+        for module, original in saved:
+            module.BlockPool = original

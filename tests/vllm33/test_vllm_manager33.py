@@ -56,9 +56,9 @@ from _manager_trace import (  # noqa: E402
     free_order_broken,
     step_fields,
 )
+from _vllm_helpers import pool_in_vllm  # noqa: E402
 from vllm.v1.core import block_pool as vllm_block_pool  # noqa: E402
 from vllm.v1.core import kv_cache_coordinator  # noqa: E402
-from vllm.v1.core import single_type_kv_cache_manager  # noqa: E402
 from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled  # noqa: E402
 
 import kvpool  # noqa: E402
@@ -119,11 +119,6 @@ def _cores() -> dict[str, ModuleType]:
 
 CORES = _cores()
 
-# Where vLLM 0.33 names the pool class it builds (the coordinator builds it;
-# the single-type managers use the name for annotations).
-_POOL_NAME_MODULES = (kv_cache_coordinator, single_type_kv_cache_manager)
-
-
 @contextlib.contextmanager
 def kvpool_in_vllm(pool_class: type) -> Iterator[None]:
     """vLLM builds ``pool_class`` inside the block: for the core in use
@@ -133,14 +128,8 @@ def kvpool_in_vllm(pool_class: type) -> Iterator[None]:
         with kv_vllm.enabled():
             yield
         return
-    saved = [(m, m.BlockPool) for m in _POOL_NAME_MODULES if hasattr(m, "BlockPool")]
-    for module, _ in saved:
-        module.BlockPool = pool_class
-    try:
+    with pool_in_vllm(pool_class):
         yield
-    finally:
-        for module, original in saved:
-            module.BlockPool = original
 
 
 @pytest.fixture(autouse=True)

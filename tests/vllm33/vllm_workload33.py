@@ -113,7 +113,11 @@ VLLM_LINE = "0.33"
 class Group(_v15.Group):
     """One KV-cache group: ``full`` attention, a ``sliding`` window, or (0.33)
     a ``mamba`` state group in "align" cache mode (what enables vLLM 0.33's
-    sub-block prefix hits and their copy-on-write)."""
+    sub-block prefix hits and their copy-on-write). ``dtype``: an attention
+    group's KV dtype; groups of different dtypes make a mixed-precision cache,
+    whose new blocks vLLM records for zeroing (``take_new_block_ids``)."""
+
+    dtype: str = "float16"
 
     def spec(self) -> KVCacheSpec:
         if self.kind == "mamba":
@@ -123,7 +127,10 @@ class Group(_v15.Group):
                 dtypes=(torch.float16,),
                 mamba_cache_mode="align",
             )
-        return super().spec()
+        spec = super().spec()
+        if self.dtype != "float16":
+            spec = dataclasses.replace(spec, dtype=getattr(torch, self.dtype))
+        return spec
 
 
 def kv_cache_config(w: _v15.Workload) -> Any:
@@ -140,6 +147,8 @@ class Workload(_v15.Workload):
     # retry, or the same question twice): with sub-block hits on, it hits the
     # partial tail block the other one cached. 0: never.
     repeat_every: int = 0
+    # The manager's admission watermark (a fraction of the pool's blocks).
+    watermark: float = 0.0
 
 
 @dataclass
@@ -149,13 +158,15 @@ class Run(_v15.Run):
     hits_on_blocks_in_use: int = 0
 
 
-def make_manager(w: Workload) -> KVCacheManager:
+def make_manager(w: Workload, manager_class: type | None = None) -> KVCacheManager:
     """vLLM's ``KVCacheManager`` as the 0.33 scheduler builds it: stats on,
-    prefix caching and events as the workload says. Its class is whatever
-    the scheduler's module names ``KVCacheManager`` right now (kvpool's
-    manager once ``kvpool.vllm.install()`` put it there), its pool whatever
-    class ``vllm.v1.core.kv_cache_coordinator.BlockPool`` names."""
-    manager_class = _scheduler.KVCacheManager
+    prefix caching and events as the workload says. Its class is
+    ``manager_class`` if given, else whatever the scheduler's module names
+    ``KVCacheManager`` right now (kvpool's manager once
+    ``kvpool.vllm.install()`` put it there), its pool whatever class
+    ``vllm.v1.core.kv_cache_coordinator.BlockPool`` names."""
+    if manager_class is None:
+        manager_class = _scheduler.KVCacheManager
     collector = (
         KVCacheMetricsCollector(w.metrics_sample_rate)
         if w.metrics_sample_rate is not None
@@ -174,7 +185,7 @@ def make_manager(w: Workload) -> KVCacheManager:
         scheduler_block_size=w.scheduler_block_size,
         hash_block_size=w.hash_block_size,
         metrics_collector=collector,
-        watermark=0.0,
+        watermark=w.watermark,
         **accepted(
             manager_class.__init__,
             num_hash_lookahead_tokens=0,  # 0.33.0
@@ -189,23 +200,42 @@ def build_requests(w: Workload) -> list[Request]:
     """Fresh ``Request``s (they carry scheduling state: build new ones for
     every run). Block hashes are computed at ``hash_block_size``, as the
     engine does."""
-    hasher = kv_cache_utils.get_request_block_hasher(w.hash_block_size, sha256)
+    hasher = request_block_hasher(w)
     requests = []
     specs = _request_specs(w)
     for i, spec in enumerate(specs):
         if w.repeat_every and i % w.repeat_every == w.repeat_every - 1:
             spec = dataclasses.replace(spec, prompt=specs[i - 1].prompt)
-        req = Request(
-            request_id=spec.request_id,
-            prompt_token_ids=spec.prompt,
-            sampling_params=SamplingParams(max_tokens=len(spec.outputs)),
-            pooling_params=None,
-            lora_request=spec.lora,
-            block_hasher=hasher,
-        )
+        req = new_request(spec.request_id, spec.prompt, len(spec.outputs), hasher, spec.lora)
         req._kvpool_outputs = spec.outputs  # the tokens the "model" will emit
         requests.append(req)
     return requests
+
+
+def request_block_hasher(w: _v15.Workload) -> Callable[[Request], list]:
+    """vLLM's own request block hasher at the workload's ``hash_block_size``,
+    as the engine makes it."""
+    return kv_cache_utils.get_request_block_hasher(w.hash_block_size, sha256)
+
+
+def new_request(
+    request_id: str,
+    prompt: list[int],
+    max_tokens: int,
+    hasher: Callable[[Request], list],
+    lora: Any = None,
+    extra_args: dict[str, Any] | None = None,
+) -> Request:
+    """A fresh decoder-only ``Request`` as the engine makes it (its block
+    hashes made by ``hasher`` now and whenever a token is appended)."""
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=prompt,
+        sampling_params=SamplingParams(max_tokens=max_tokens, extra_args=extra_args),
+        pooling_params=None,
+        lora_request=lora,
+        block_hasher=hasher,
+    )
 
 
 def _mamba_split(w: Workload, mgr: KVCacheManager) -> Callable[..., int] | None:

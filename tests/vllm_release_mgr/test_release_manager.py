@@ -38,9 +38,10 @@ import pytest
 import vllm
 import vllm_workload as vw15
 from _manager_trace import counters, events_broken, first_difference, free_order_broken
+from _vllm_helpers import pool_in_vllm
 from vllm.distributed import kv_events as vllm_kv_events
 from vllm.v1.core import block_pool as vllm_block_pool
-from vllm.v1.core import kv_cache_coordinator, single_type_kv_cache_manager
+from vllm.v1.core import kv_cache_coordinator
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 
 import kvpool.vllm as kv_vllm
@@ -120,11 +121,6 @@ EVENT_FIELDS = {
     for cls in (vllm_kv_events.BlockStored, vllm_kv_events.BlockRemoved)
 }
 
-# Where every release names the pool class it builds (the coordinator builds
-# it; the single-type managers use the name for annotations).
-_POOL_NAME_MODULES = (kv_cache_coordinator, single_type_kv_cache_manager)
-
-
 def kvpool_line() -> kv_vllm.VLLMLine:
     """kvpool's line for this release; a skip where it has none (every
     release of ``kvpool.vllm.VLLM_LINES`` has one, by definition)."""
@@ -132,20 +128,6 @@ def kvpool_line() -> kv_vllm.VLLMLine:
         return kv_vllm.vllm_line(RELEASE)
     except kv_vllm.UnsupportedVLLMVersionError:
         pytest.skip(f"kvpool has no line for vLLM {RELEASE}")
-
-
-@contextlib.contextmanager
-def pool_in_vllm(pool_class: type) -> Iterator[None]:
-    """vLLM builds ``pool_class`` inside the block: the names it builds its
-    pool through are rebound, as ``kvpool.vllm.install()`` does."""
-    saved = [(m, m.BlockPool) for m in _POOL_NAME_MODULES if hasattr(m, "BlockPool")]
-    for module, _ in saved:
-        module.BlockPool = pool_class
-    try:
-        yield
-    finally:
-        for module, original in saved:
-            module.BlockPool = original
 
 
 @pytest.fixture(autouse=True)
