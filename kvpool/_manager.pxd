@@ -43,6 +43,7 @@ cdef class ManagerPlan:
     cdef bint cap_at_hashed       # 0.33: cache_blocks stops at the hashed tokens
     cdef bint trims_null_head     # 0.33: free() drops a table's leading null blocks
     cdef bint has_prefill_end     # 0.31 on: get_num_blocks_to_allocate's prefill_end
+    cdef bint zero_chunk_adopts   # 0.31 on: a 0-token chunk may adopt computed tokens
     cdef object base_num_blocks   # the coordinator class's get_num_blocks_to_allocate
     cdef bint caching             # any group caches
     # How the calls went, for tests and benchmarks (``ManagerPlan.counts``).

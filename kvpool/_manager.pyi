@@ -20,6 +20,7 @@ def plan_for(
     cap_at_hashed: bool,
     trims_null_head: bool,
     has_prefill_end: bool,
+    zero_chunk_adopts: bool,
     cap_attr: str,
 ) -> tuple[ManagerPlan, None] | tuple[None, str]: ...
 def allocate_slots(

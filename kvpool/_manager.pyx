@@ -121,7 +121,7 @@ cdef class ManagerPlan:
 
 def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls, base_single,
              coordinator_classes, unitary_cls, hybrid_cls, bint cap_at_hashed, bint trims_null_head,
-             bint has_prefill_end, str cap_attr):
+             bint has_prefill_end, bint zero_chunk_adopts, str cap_attr):
     """``(plan, None)`` if ``manager`` (a vLLM ``KVCacheManager``, built) is in
     the scope of these paths, else ``(None, reason)``.
 
@@ -133,6 +133,8 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     caches no further than the request's hashed tokens); ``trims_null_head``
     (0.33: ``free`` drops a table's leading null blocks); ``has_prefill_end``
     (0.31 on: the coordinator's ``get_num_blocks_to_allocate`` takes it);
+    ``zero_chunk_adopts`` (0.31 on: ``allocate_slots`` takes a chunk of no
+    new tokens that adopts computed ones; 0.30 raises);
     ``cap_attr``, the name of a sliding-window manager's admission cap.
     Every call outside the fast case goes to the method of the vLLM class the
     manager's class extends (its ``_kvpool_base``)."""
@@ -221,6 +223,7 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     )
     p.lookup_block_size = g.block_size if g is not None else 1
     p.has_prefill_end = has_prefill_end
+    p.zero_chunk_adopts = zero_chunk_adopts
     if p.hash_block_size <= 0:
         return None, "a hash block size that is not positive"
     return p, None
@@ -434,7 +437,9 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         or not _count(num_new_tokens, &new_tokens)
         or not _count(num_new_computed_tokens, &new_computed)
         or not _count(num_external_computed_tokens, &zero) or zero != 0
-        or (new_tokens == 0 and new_computed == 0)  # vLLM raises
+        # vLLM raises for no new tokens and nothing to adopt (0.30: for no
+        # new tokens, even with computed tokens to adopt)
+        or (new_tokens == 0 and (new_computed == 0 or not (<ManagerPlan> plan).zero_chunk_adopts))
         or new_tokens < 0 or new_computed < 0
         or not _count(num_lookahead_tokens, &lookahead)
         or not _count(reserved_blocks, &reserved)

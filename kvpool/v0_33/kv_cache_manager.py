@@ -80,6 +80,8 @@ class KVCacheManager(_vllm.KVCacheManager):
     _kvpool_trims_null_head = True
     #: 0.31 on: the coordinator's ``get_num_blocks_to_allocate`` takes ``prefill_end``.
     _kvpool_has_prefill_end = True
+    #: 0.31 on: ``allocate_slots`` takes no new tokens if it adopts computed ones.
+    _kvpool_zero_chunk_adopts = True
     #: A sliding-window manager's admission cap.
     _kvpool_cap_attr = "max_admission_blocks_per_request"
 
@@ -101,6 +103,7 @@ class KVCacheManager(_vllm.KVCacheManager):
             cap_at_hashed=self._kvpool_cap_at_hashed,
             trims_null_head=self._kvpool_trims_null_head,
             has_prefill_end=self._kvpool_has_prefill_end,
+            zero_chunk_adopts=self._kvpool_zero_chunk_adopts,
             cap_attr=self._kvpool_cap_attr,
         )
         self._kvpool_plan = plan

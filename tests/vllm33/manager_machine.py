@@ -794,14 +794,16 @@ def broken_machine_settings(max_examples: int) -> settings:
 def assert_served(machine: type[ManagerMachine]) -> None:
     """After a run: the compiled paths served calls themselves (``fast``) and
     handed calls to vLLM's code (``base``), so both sides of each decision
-    were compared; with caching they called vLLM's ``cache_blocks``, and
-    skipped it where no full-attention block is larger than the hash block
-    (such a group may register a partial tail on any call: vLLM's code
-    decides)."""
+    were compared; with caching they cached blocks (through vLLM's
+    coordinator, or, for one full-attention group, the pool directly),
+    adopted prefix-cache hits, and skipped caching where no full-attention
+    block is larger than the hash block (such a group may register a partial
+    tail on any call: vLLM's code decides)."""
     counts = machine.totals
     assert counts["fast"] > 0 and counts["base"] > 0, counts
     if machine.caching:
-        assert counts["cache_calls"] > 0, counts
+        assert counts["cache_calls"] + counts["cache_direct"] > 0, counts
+        assert counts["adopt"] > 0, counts
         groups, hash_block_size = LAYOUTS[machine.layout]
         if all(g.block_size == hash_block_size for g in groups if g.kind == "full"):
             assert counts["cache_skips"] > 0, counts
