@@ -70,6 +70,8 @@ def test_release_table_has_a_row_per_release_and_follows_install():
             assert line_text.startswith("refused") and tested == "—", release
         else:
             assert line_text.startswith(f"{line.name} (`{line.module}`)"), release
+            # The lines with a KV-cache manager name it (what install() puts in).
+            assert (f"manager `{line.manager}`" in line_text) == bool(line.manager), release
     # Every release a line lists has its row, under that line.
     line_of = {release: line_text for release, line_text, _ in rows}
     for line in VLLM_LINES:

@@ -144,8 +144,8 @@ def rows() -> list[tuple[str, str, str]]:
             nearest = vllm_line(release, force=True)
             out.append((release, f"refused (`force`: the {nearest.name} line)", "—"))
             continue
-        manager = f" + `{line.manager}`" if line.manager else ""
-        out.append((release, f"{line.name} (`{line.module}`{manager})", tested(release)))
+        manager = f", manager `{line.manager}`" if line.manager else ""
+        out.append((release, f"{line.name} (`{line.module}`){manager}", tested(release)))
     return out
 
 
