@@ -18,6 +18,7 @@ cdef class _Group:
     cdef bint record_ids          # _record_new_block_ids
     cdef Py_ssize_t group_id      # kv_cache_group_id
     cdef bint direct_cache        # its cache_blocks is done in C (see _cache)
+    cdef bint estimates           # estimate_cached_tokens counts its blocks
 
 
 cdef class ManagerPlan:

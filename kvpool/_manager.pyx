@@ -184,6 +184,13 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
         )
         g.partial_tail = not g.sliding and g.block_size != pool.hash_block_size
         g.record_ids = bool(mgr._record_new_block_ids)
+        # estimate_cached_tokens counts its blocks: a prefix-cacheable spec
+        # that is not cross-attention or encoder-only.
+        spec = mgr.kv_cache_spec
+        g.estimates = bool(spec.prefix_cacheable) and not any(
+            c.__name__ in ("CrossAttentionSpec", "EncoderOnlyAttentionSpec")
+            for c in type(spec).__mro__
+        )
         groups.append(g)
     p.groups = tuple(groups)
     p.ngroups = len(groups)
@@ -675,6 +682,32 @@ def get_computed_blocks_0_30(self, request):
     if result is _VLLM:
         return _vllm_base(self, "get_computed_blocks")(self, request)
     return result
+
+
+def estimate_cached_tokens(self, request):
+    """vLLM's ``KVCacheManager.estimate_cached_tokens``: per prefix-cacheable
+    group the most tokens a block's hash of the request covers, the least of
+    those over the groups (0 for none)."""
+    cdef _Group g
+    cdef Py_ssize_t i, n
+    plan = self._kvpool_plan
+    if plan is None:
+        return _vllm_base(self, "estimate_cached_tokens")(self, request)
+    p = <ManagerPlan> plan
+    rid = request.request_id
+    cached_tokens = None
+    for g in p.groups:
+        if not g.estimates:
+            continue
+        entry = g.mgr.req_to_blocks.get(rid) or ()
+        group_cached = 0
+        for block in entry:
+            covered = block.block_hash_num_tokens or 0
+            if covered > group_cached:
+                group_cached = covered
+        if cached_tokens is None or group_cached < cached_tokens:
+            cached_tokens = group_cached
+    return cached_tokens or 0
 
 
 cdef Py_ssize_t _null_head_len(object blocks) except -1:

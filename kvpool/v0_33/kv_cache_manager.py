@@ -13,7 +13,8 @@ scheduler calls for every running request on every step:
   cache (a full-attention group's new full blocks go to the pool directly);
 - ``get_computed_blocks``: the prefix-cache lookup of one full-attention
   group whose block is the hash block;
-- ``free``, ``get_blocks``, ``get_block_ids``, ``take_new_block_ids``,
+- ``free``, ``estimate_cached_tokens``, ``get_blocks``, ``get_block_ids``,
+  ``take_new_block_ids``,
   ``remove_skipped_blocks`` (a window's manager only when a block left it),
   and the coordinator's ``get_num_blocks_to_allocate`` (bound on the
   coordinator instance) when no group has new computed blocks;
@@ -125,6 +126,7 @@ class KVCacheManager(_vllm.KVCacheManager):
     cache_blocks = _manager.cache_blocks
     get_computed_blocks = _manager.get_computed_blocks
     free = _manager.free
+    estimate_cached_tokens = _manager.estimate_cached_tokens
     get_blocks = _manager.get_blocks
     get_block_ids = _manager.get_block_ids_of
     take_new_block_ids = _manager.take_new_block_ids
