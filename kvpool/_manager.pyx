@@ -367,9 +367,11 @@ cdef object _to_adopt(ManagerPlan p, object request, object new_computed_blocks,
     # What allocate_slots adopts: None when vLLM skips
     # allocate_new_computed_blocks (no blocks given, or the manager's empty
     # ones), else the tuple of per-group lists; _VLLM for a case left to
-    # vLLM (a running request or one with blocks already, a partial local
-    # hit, a partial-hit copy-on-write pending, hits without caching, blocks
-    # that are not a tuple of lists).
+    # vLLM (a running request given empty lists, a partial local hit, a
+    # partial-hit copy-on-write pending, blocks that are not a tuple of
+    # lists). Where vLLM's code would fail an assert (hits for a running
+    # request, for a request that has blocks already, or with caching off),
+    # a ValueError here, before anything changed.
     cdef _Group g
     cdef Py_ssize_t i
     cdef PyObject *have
@@ -384,18 +386,33 @@ cdef object _to_adopt(ManagerPlan p, object request, object new_computed_blocks,
         return None
     if not PyTuple_CheckExact(blocks) or len(blocks) != p.ngroups:
         return _VLLM
+    running = False
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
         group_blocks = blocks[i]
         if not PyList_CheckExact(group_blocks):
             return _VLLM
         if PyDict_Contains(g.mgr.num_cached_block, rid):
-            return _VLLM
+            if PyList_GET_SIZE(group_blocks) > 0:
+                raise ValueError(
+                    f"request {rid!r} is running: it has no new computed blocks to adopt "
+                    f"(got {PyList_GET_SIZE(group_blocks)} for KV-cache group {i})")
+            running = True
+    if running:
+        return _VLLM  # vLLM's code skips the adoption
+    for i in range(p.ngroups):
+        g = <_Group> p.groups[i]
+        group_blocks = blocks[i]
         have = PyDict_GetItem(g.mgr.req_to_blocks, rid)
         if have != NULL and len(<object> have) != 0:
-            return _VLLM
+            raise ValueError(
+                f"request {rid!r} already has {len(<object> have)} blocks in KV-cache group "
+                f"{i}: only a request without blocks adopts computed blocks")
         if PyList_GET_SIZE(group_blocks) > 0:
-            if not g.caching or num_local_computed % g.block_size != 0:
+            if not g.caching:
+                raise ValueError(
+                    f"prefix caching is off: request {rid!r} cannot adopt computed blocks")
+            if num_local_computed % g.block_size != 0:
                 return _VLLM
     return blocks
 
