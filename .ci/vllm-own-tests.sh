@@ -2,7 +2,8 @@
 # Run vLLM's own pool tests, from the release's source distribution, twice:
 # with vLLM's classes (stock) and with kvpool's put in their place by the
 # pytest plugin tests/vllm_suites/kvpool_swap.py (the pool of the release's
-# kvpool line, kvpool.vllm.vllm_line), then check the rule of
+# kvpool line, kvpool.vllm.vllm_line, and for a line with a manager, 0.30-0.33,
+# its KVCacheManager too, as kvpool.vllm.install() puts them in), then check the rule of
 # docs/compatibility.md (tests/vllm_suites/compare.py): every test that
 # passes stock passes with kvpool, but for the listed exceptions
 # (tests/vllm_suites/exceptions.txt), and every listed exception still holds.
@@ -24,9 +25,16 @@
 #                              same time; 1: one after the other.
 #   KVPOOL_OWN_RESULTS=DIR     keep each run's log and JUnit XML there
 #                              (DIR/VERSION-MODE.log, .xml).
+#   KVPOOL_VLLM_MANAGER=0      the kvpool run keeps vLLM's KVCacheManager (over
+#                              kvpool's pool), as with kvpool.vllm.install().
+# With kvpool's manager in, the kvpool run must have built no manager of
+# vLLM's own class and taken kvpool's compiled allocate_slots path at least
+# once (the plugin's "kvpool_swap: manager ..." line, fast=N): otherwise the
+# run fails, so that the manager cannot pass vacuously.
 # The last line of the output is one summary line: the release, its number
 # of test files and tests, how many pass stock and with kvpool, the listed
-# exceptions, the time, and whether the rule holds.
+# exceptions, the manager's compiled calls (mgr_fast=, "-" without kvpool's
+# manager), the time, and whether the rule holds.
 set -euo pipefail
 
 version=${1:?usage: .ci/vllm-own-tests.sh VERSION PYTHON [REPO]}
@@ -80,13 +88,19 @@ summary() {  # the last line of the output, for .ci/vllm-own-all.sh
 }
 
 # No kvpool line for the release: a loud failure (or, when told, a loud skip).
-if [[ " $modes " == *" kvpool "* ]] && ! "$python" -c '
+# Else whether the kvpool run puts kvpool's manager in (the plugin decides
+# the same way): "manager" or "none".
+if [[ " $modes " == *" kvpool "* ]] && ! manager=$("$python" -c '
 import sys
+import kvpool
 from kvpool.vllm import UnsupportedVLLMVersionError, vllm_line
+from kvpool.vllm_manager import manager_enabled
 try:
-    vllm_line(sys.argv[1])
+    line = vllm_line(sys.argv[1])
 except UnsupportedVLLMVersionError:
-    sys.exit(1)' "$version"; then
+    sys.exit(1)
+ours = line.manager is not None and manager_enabled() and kvpool.USING_EXTENSION
+print("manager" if ours else "none")' "$version"); then
     if [ "${KVPOOL_OWN_SKIP_MISSING:-}" = 1 ]; then
         echo "!!!!! vllm-own-tests: no kvpool line for vLLM $version: SKIPPED (KVPOOL_OWN_SKIP_MISSING=1) !!!!!" >&2
         summary "SKIPPED (no kvpool line)"
@@ -137,6 +151,7 @@ run() {  # MODE: one pytest run, its JUnit XML and log in $work
         > "$work/$mode.log" 2>&1 || true
     echo "   vLLM $version's own tests, $mode: $(tail -n 1 "$work/$mode.log") ($((SECONDS - t0))s)"
     grep -m 1 '^kvpool_swap: ' "$work/$mode.log" | cut -c 1-200 || true
+    grep -m 1 '^kvpool_swap: manager ' "$work/$mode.log" || true
 }
 
 if [ "$jobs" = 1 ]; then
@@ -154,6 +169,21 @@ for mode in $modes; do
     fi
 done
 
+# kvpool's manager, when in: no manager of vLLM's class built, and its
+# compiled path taken.
+mgr_fast=-
+if [ "${manager:-none}" = manager ] && [ -s "$work/kvpool.xml" ]; then
+    said=$(grep -m 1 '^kvpool_swap: manager ' "$work/kvpool.log" || true)
+    mgr_fast=$(sed -n 's/.* fast=\([0-9]*\) .*/\1/p' <<< "$said")
+    vllm_own=$(sed -n 's/.*vllm_own=\([0-9]*\).*/\1/p' <<< "$said")
+    if [ -z "$mgr_fast" ] || [ "$mgr_fast" = 0 ] || [ "${vllm_own:-1}" != 0 ]; then
+        echo "!!!!! vllm-own-tests: kvpool's manager was to be in vLLM $version's kvpool run," \
+            "but: ${said:-no 'kvpool_swap: manager' line} !!!!!" >&2
+        summary "FAILED (kvpool's manager not used: fast=${mgr_fast:-?} vllm_own=${vllm_own:-?})"
+        exit 1
+    fi
+fi
+
 if [ "$modes" = stock ]; then
     "$python" "$suites/compare.py" "$version" "$work/stock.xml" > "$work/compare.txt" || true
 else
@@ -168,5 +198,6 @@ if [ -n "${KVPOOL_OWN_RESULTS:-}" ]; then
         cp "$work/$mode.xml" "$KVPOOL_OWN_RESULTS/$version-$mode.xml"
     done
 fi
-summary "$(tail -n 1 "$work/compare.txt" | sed 's/^summary: //')"
+said=$(tail -n 1 "$work/compare.txt" | sed 's/^summary: //')  # COUNTS: VERDICT
+summary "${said%%:*} mgr_fast=$mgr_fast:${said#*:}"
 exit "${status:-0}"
