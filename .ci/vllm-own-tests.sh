@@ -54,20 +54,26 @@ started=$SECONDS
 # flight; from 0.27 Mamba chunk alignment; from 0.29 the packed layout's
 # managers; from 0.30 Mamba/EAGLE checkpoints) and its metrics. Each file
 # is listed from the first release that has it (and, for
-# test_contiguous_kv_packing, builds a manager in it).
-# Left out, with vLLM's pool too they need what this run does not have:
-#   test_scheduler.py, test_async_scheduler.py, test_priority_*.py,
-#   test_worker_slot_overflow.py, test_prefix_replay.py: every scheduler is
-#     built from facebook/opt-125m's config (tests/v1/core/utils.py,
-#     create_scheduler), which is fetched from a hub: offline, 0.33.0's 327
-#     such tests fail stock but 5 (measured, 165 s);
+# test_contiguous_kv_packing, builds a manager in it). From 0.30, where
+# kvpool has a KVCacheManager, also test_scheduler.py: the scheduler driving
+# the manager (about 10-40 s of CPU a release for both runs, 170-280 tests).
+# Left out, with vLLM's pool too they need what this run does not have, or
+# are not about the pool:
+#   test_scheduler.py before 0.30 (no kvpool manager to test there),
+#   test_async_scheduler.py, test_priority_*.py, test_worker_slot_overflow.py,
+#   test_prefix_replay.py: schedulers built from facebook/opt-125m's config
+#     like test_scheduler.py's (which the hub cache below now provides), not
+#     run yet;
+#   test_scheduler.py's multimodal tests (llava-hf/llava-1.5-7b-hf) fail
+#     stock: see tests/vllm_suites/hf_hub_cache.py;
 #   test_scheduler_e2e.py, test_reset_prefix_cache_e2e.py,
 #   prefix_cache/test_hybrid_prefix_cache_hit_rate.py: serve a model;
 #   test_kv_sharing.py, test_kv_cache_planning.py, test_kv_cache_config_builder.py,
 #   test_encoder_cache_manager.py, test_output.py, test_repetition_detection.py,
 #   and test_contiguous_kv_packing.py before 0.29: no pool in them.
-# Within the listed files, the tests that build a model config from a hub fail
-# stock too (offline) and are out of scope: compare.py counts them.
+# Within the listed files, the tests that build a model config from a hub
+# other than facebook/opt-125m's (Qwen/..., llava-hf/...) fail stock too
+# (offline) and are out of scope: compare.py counts them.
 files="test_prefix_caching.py test_kv_cache_utils.py test_single_type_kv_cache_manager.py test_kv_cache_metrics.py"
 case "$version" in
     0.16.* | 0.17.* | 0.18.* | 0.19.* | 0.2[0-3].*) ;;
@@ -77,7 +83,7 @@ case "$version" in
         files="$files prefix_cache/test_partial_prefix_cache_hits.py test_swa_inflight_window_free.py" ;;&
     0.2[7-9].* | 0.3[0-3].*) files="$files test_mamba_align_chunk_split.py" ;;&
     0.29.* | 0.3[0-3].*) files="$files test_contiguous_kv_packing.py" ;;&
-    0.3[0-3].*) files="$files prefix_cache/test_mamba_eagle_resume_checkpoint.py" ;;&
+    0.3[0-3].*) files="$files prefix_cache/test_mamba_eagle_resume_checkpoint.py test_scheduler.py" ;;&
     0.1[6-9].* | 0.2[0-9].* | 0.3[0-3].*) ;;
     *) echo "!!!!! vllm-own-tests: no suite for vLLM '$version' !!!!!" >&2; exit 2 ;;
 esac
@@ -134,6 +140,10 @@ for f in $files; do
 done
 work=$(mktemp -d "${TMPDIR:-/tmp}/kvpool-vllm-own.XXXXXX")
 trap 'rm -rf "$work"' EXIT
+# The model configurations the scheduler tests build from, in a hub cache of
+# their own (tests/vllm_suites/hf_hub_cache.py): facebook/opt-125m's
+# config.json, all that vLLM's ModelConfig reads of it offline.
+"$python" "$suites/hf_hub_cache.py" "$work/hf" > /dev/null
 
 run() {  # MODE: one pytest run, its JUnit XML and log in $work
     local mode=$1 swap=1 t0=$SECONDS
@@ -142,9 +152,12 @@ run() {  # MODE: one pytest run, its JUnit XML and log in $work
     # read: no byte code, no pytest cache. --confcutdir leaves out vLLM's
     # tests/conftest.py, which imports vLLM's server stack (not needed by
     # these tests; its autouse fixtures reset HTTP clients, dynamo and GPU
-    # memory). Offline: the tests that want a model from a hub fail at once,
-    # in both runs alike, instead of trying the network.
+    # memory). Offline, over the hub cache above: the tests that want another
+    # model from a hub fail at once, in both runs alike, instead of trying
+    # the network. VLLM_TARGET_DEVICE=cpu: vLLM's platform is this machine's
+    # (else a scheduler's config fails with "Failed to infer device type").
     (cd "$tree" && PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+        HF_HOME="$work/hf" VLLM_TARGET_DEVICE=cpu \
         KVPOOL_SWAP=$swap PYTHONPATH=$pythonpath "$python" -m pytest \
         -p kvpool_swap -p no:cacheprovider -q -o addopts="" \
         --confcutdir="$tree/tests/v1/core" --junitxml="$work/$mode.xml" "${paths[@]}") \

@@ -34,6 +34,7 @@ and no manager of vLLM's own class).
 
 from __future__ import annotations
 
+import builtins
 import collections
 import functools
 import gc
@@ -87,17 +88,22 @@ def _kvpool_classes():  # noqa: ANN202
     return line, ours
 
 
-def _bindings(originals: dict[str, object], prefixes: tuple[str, ...]) -> list[tuple[str, str]]:
-    """(module, name) of every loaded module under ``prefixes`` whose global
-    ``name`` is ``originals[name]`` (vLLM's manager's home module aside)."""
+def _bindings(originals: dict[str, object], prefixes: tuple[str, ...],
+              modules: list[str] | None = None) -> list[tuple[str, str]]:
+    """(module, name) of every loaded module under ``prefixes`` (of
+    ``modules`` if given) whose global ``name`` is ``originals[name]``
+    (vLLM's manager's home module aside). Globals are read from the module's
+    dict: a module's ``__getattr__`` (``vllm``'s imports lazily) is not run."""
     found = []
-    for mod_name, module in list(sys.modules.items()):
+    for mod_name in list(sys.modules) if modules is None else modules:
+        module = sys.modules.get(mod_name)
         if module is None or not mod_name.startswith(prefixes):
             continue
+        namespace = getattr(module, "__dict__", {})
         for attr, original in originals.items():
             if attr == MANAGER and mod_name == MANAGER_HOME:
                 continue
-            if getattr(module, attr, None) is original:
+            if namespace.get(attr) is original:
                 found.append((mod_name, attr))
     return found
 
@@ -204,13 +210,41 @@ def swap() -> tuple[str, dict[str, object], dict[str, object], list[str]]:
 
 
 def _rebind(originals: dict[str, object], ours: dict[str, object],
-            prefixes: tuple[str, ...]) -> list[str]:
-    """Rebind every binding of an original under ``prefixes`` to ours."""
+            prefixes: tuple[str, ...], modules: list[str] | None = None) -> list[str]:
+    """Rebind every binding of an original under ``prefixes`` (in
+    ``modules`` if given) to ours."""
     rebound = []
-    for mod_name, attr in _bindings(originals, prefixes):
+    for mod_name, attr in _bindings(originals, prefixes, modules):
         setattr(sys.modules[mod_name], attr, ours[attr])
         rebound.append(f"{mod_name}.{attr}")
     return rebound
+
+
+def _rebind_on_import(originals: dict[str, object], ours: dict[str, object],
+                      rebound: list[str]) -> None:
+    """From now on, a ``vllm.*`` or ``tests.*`` module first imported by an
+    ``import`` statement (a test's ``from tests.v1.core.test_prefix_caching
+    import make_hisparse_kv_cache_manager``) gets ``ours`` for ``originals``
+    before the statement returns; each rebinding is added to ``rebound``."""
+    real_import = builtins.__import__
+    known = set(sys.modules)
+    depth = 0  # nested imports: a module is looked at once its own import is done
+
+    def importing(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        nonlocal depth
+        depth += 1
+        try:
+            module = real_import(*args, **kwargs)
+        finally:
+            depth -= 1
+        if depth == 0:
+            new = sys.modules.keys() - known  # (not its size: tests delete modules too)
+            if new:
+                known.update(new)
+                rebound.extend(_rebind(originals, ours, ("vllm", "tests"), sorted(new)))
+        return module
+
+    builtins.__import__ = importing
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -251,6 +285,10 @@ def _vllm_subclasses(originals: dict[str, object]) -> list[str]:
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: ANN001
     # Also under -q, which drops the header: the log says which classes ran.
     terminalreporter.write_line(f"kvpool_swap: {config._kvpool_swap}")
+    late = getattr(config, "_kvpool_late", None)
+    if late:
+        terminalreporter.write_line("kvpool_swap: manager rebound in modules imported by "
+                                    "the tests: " + ", ".join(late))
     tally = getattr(config, "_kvpool_tally", None)
     if tally is not None:
         terminalreporter.write_line(f"kvpool_swap: {tally.report()}")
@@ -276,6 +314,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             late = _rebind(manager, config._kvpool_ours, ("vllm", "tests"))
             if late:
                 config._kvpool_swap += "; after collection: " + ", ".join(late)
+            config._kvpool_late = []
+            _rebind_on_import(manager, config._kvpool_ours, config._kvpool_late)
         left = _bindings(originals, ("vllm", "tests"))
         if left:
             raise pytest.UsageError(
