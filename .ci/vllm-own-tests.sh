@@ -27,6 +27,12 @@
 #                              (DIR/VERSION-MODE.log, .xml).
 #   KVPOOL_VLLM_MANAGER=0      the kvpool run keeps vLLM's KVCacheManager (over
 #                              kvpool's pool), as with kvpool.vllm.install().
+#   KVPOOL_OWN_TIMEOUT         seconds one pytest run may take (default 600; a
+#                              run takes 20-100 s): a manager that never finds
+#                              room makes scheduler tests loop (`while
+#                              scheduler.waiting: schedule()`), which would
+#                              otherwise hang CI. A test running over 120 s
+#                              gets its stack in the log (faulthandler).
 # With kvpool's manager in, the kvpool run must have built no manager of
 # vLLM's own class and taken kvpool's compiled allocate_slots path at least
 # once (the plugin's "kvpool_swap: manager ..." line, fast=N): otherwise the
@@ -44,6 +50,7 @@ repo=$(cd "${3:-$(dirname "$here")}" && pwd)
 suites=$repo/tests/vllm_suites
 modes=${KVPOOL_OWN_MODES:-stock kvpool}
 jobs=${KVPOOL_OWN_JOBS:-2}
+limit=${KVPOOL_OWN_TIMEOUT:-600}
 started=$SECONDS
 
 # The pool-related test files of each release 0.16.0-0.33.0 (0.15.x has no
@@ -146,7 +153,7 @@ trap 'rm -rf "$work"' EXIT
 "$python" "$suites/hf_hub_cache.py" "$work/hf" > /dev/null
 
 run() {  # MODE: one pytest run, its JUnit XML and log in $work
-    local mode=$1 swap=1 t0=$SECONDS
+    local mode=$1 swap=1 t0=$SECONDS rc=0
     [ "$mode" = stock ] && swap=0
     # From the tree's root, for the tests' `import tests.*`, which is only
     # read: no byte code, no pytest cache. --confcutdir leaves out vLLM's
@@ -158,10 +165,17 @@ run() {  # MODE: one pytest run, its JUnit XML and log in $work
     # (else a scheduler's config fails with "Failed to infer device type").
     (cd "$tree" && PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
         HF_HOME="$work/hf" VLLM_TARGET_DEVICE=cpu \
-        KVPOOL_SWAP=$swap PYTHONPATH=$pythonpath "$python" -m pytest \
-        -p kvpool_swap -p no:cacheprovider -q -o addopts="" \
+        KVPOOL_SWAP=$swap PYTHONPATH=$pythonpath timeout "$limit" "$python" -m pytest \
+        -p kvpool_swap -p no:cacheprovider -q -o addopts="" -o faulthandler_timeout=120 \
         --confcutdir="$tree/tests/v1/core" --junitxml="$work/$mode.xml" "${paths[@]}") \
-        > "$work/$mode.log" 2>&1 || true
+        > "$work/$mode.log" 2>&1 || rc=$?
+    if [ "${rc:-0}" = 124 ]; then  # no XML: reported as a run that wrote no results
+        echo "!!!!! vllm-own-tests: the $mode run of vLLM $version timed out after ${limit}s" \
+            "(KVPOOL_OWN_TIMEOUT); where its slow test was, in the tests:" \
+            "$(sed -n '/Timeout (0:/,$p' "$work/$mode.log" | grep -m 3 '/tests/' | tr -s ' ' | tr '\n' ';') !!!!!" >&2
+        rm -f "$work/$mode.xml"
+        printf "\ntimed out after %ss\n" "$limit" >> "$work/$mode.log"
+    fi
     echo "   vLLM $version's own tests, $mode: $(tail -n 1 "$work/$mode.log") ($((SECONDS - t0))s)"
     grep -m 1 '^kvpool_swap: ' "$work/$mode.log" | cut -c 1-200 || true
     grep -m 1 '^kvpool_swap: manager ' "$work/$mode.log" || true
