@@ -2,7 +2,8 @@
 # Run vLLM's own pool tests, from the release's source distribution, twice:
 # with vLLM's classes (stock) and with kvpool's put in their place by the
 # pytest plugin tests/vllm_suites/kvpool_swap.py (the pool of the release's
-# kvpool line, kvpool.vllm.vllm_line), then check the rule of
+# kvpool line, kvpool.vllm.vllm_line, and for a line with a manager, 0.30-0.33,
+# its KVCacheManager too, as kvpool.vllm.install() puts them in), then check the rule of
 # docs/compatibility.md (tests/vllm_suites/compare.py): every test that
 # passes stock passes with kvpool, but for the listed exceptions
 # (tests/vllm_suites/exceptions.txt), and every listed exception still holds.
@@ -24,9 +25,22 @@
 #                              same time; 1: one after the other.
 #   KVPOOL_OWN_RESULTS=DIR     keep each run's log and JUnit XML there
 #                              (DIR/VERSION-MODE.log, .xml).
+#   KVPOOL_VLLM_MANAGER=0      the kvpool run keeps vLLM's KVCacheManager (over
+#                              kvpool's pool), as with kvpool.vllm.install().
+#   KVPOOL_OWN_TIMEOUT         seconds one pytest run may take (default 600; a
+#                              run takes 20-100 s): a manager that never finds
+#                              room makes scheduler tests loop (`while
+#                              scheduler.waiting: schedule()`), which would
+#                              otherwise hang CI. A test running over 120 s
+#                              gets its stack in the log (faulthandler).
+# With kvpool's manager in, the kvpool run must have built no manager of
+# vLLM's own class and taken kvpool's compiled allocate_slots path at least
+# once (the plugin's "kvpool_swap: manager ..." line, fast=N): otherwise the
+# run fails, so that the manager cannot pass vacuously.
 # The last line of the output is one summary line: the release, its number
 # of test files and tests, how many pass stock and with kvpool, the listed
-# exceptions, the time, and whether the rule holds.
+# exceptions, the manager's compiled calls (mgr_fast=, "-" without kvpool's
+# manager), the time, and whether the rule holds.
 set -euo pipefail
 
 version=${1:?usage: .ci/vllm-own-tests.sh VERSION PYTHON [REPO]}
@@ -36,6 +50,7 @@ repo=$(cd "${3:-$(dirname "$here")}" && pwd)
 suites=$repo/tests/vllm_suites
 modes=${KVPOOL_OWN_MODES:-stock kvpool}
 jobs=${KVPOOL_OWN_JOBS:-2}
+limit=${KVPOOL_OWN_TIMEOUT:-600}
 started=$SECONDS
 
 # The pool-related test files of each release 0.16.0-0.33.0 (0.15.x has no
@@ -46,20 +61,26 @@ started=$SECONDS
 # flight; from 0.27 Mamba chunk alignment; from 0.29 the packed layout's
 # managers; from 0.30 Mamba/EAGLE checkpoints) and its metrics. Each file
 # is listed from the first release that has it (and, for
-# test_contiguous_kv_packing, builds a manager in it).
-# Left out, with vLLM's pool too they need what this run does not have:
-#   test_scheduler.py, test_async_scheduler.py, test_priority_*.py,
-#   test_worker_slot_overflow.py, test_prefix_replay.py: every scheduler is
-#     built from facebook/opt-125m's config (tests/v1/core/utils.py,
-#     create_scheduler), which is fetched from a hub: offline, 0.33.0's 327
-#     such tests fail stock but 5 (measured, 165 s);
+# test_contiguous_kv_packing, builds a manager in it). From 0.30, where
+# kvpool has a KVCacheManager, also test_scheduler.py: the scheduler driving
+# the manager (about 10-40 s of CPU a release for both runs, 170-280 tests).
+# Left out, with vLLM's pool too they need what this run does not have, or
+# are not about the pool:
+#   test_scheduler.py before 0.30 (no kvpool manager to test there),
+#   test_async_scheduler.py, test_priority_*.py, test_worker_slot_overflow.py,
+#   test_prefix_replay.py: schedulers built from facebook/opt-125m's config
+#     like test_scheduler.py's (which the hub cache below now provides), not
+#     run yet;
+#   test_scheduler.py's multimodal tests (llava-hf/llava-1.5-7b-hf) fail
+#     stock: see tests/vllm_suites/hf_hub_cache.py;
 #   test_scheduler_e2e.py, test_reset_prefix_cache_e2e.py,
 #   prefix_cache/test_hybrid_prefix_cache_hit_rate.py: serve a model;
 #   test_kv_sharing.py, test_kv_cache_planning.py, test_kv_cache_config_builder.py,
 #   test_encoder_cache_manager.py, test_output.py, test_repetition_detection.py,
 #   and test_contiguous_kv_packing.py before 0.29: no pool in them.
-# Within the listed files, the tests that build a model config from a hub fail
-# stock too (offline) and are out of scope: compare.py counts them.
+# Within the listed files, the tests that build a model config from a hub
+# other than facebook/opt-125m's (Qwen/..., llava-hf/...) fail stock too
+# (offline) and are out of scope: compare.py counts them.
 files="test_prefix_caching.py test_kv_cache_utils.py test_single_type_kv_cache_manager.py test_kv_cache_metrics.py"
 case "$version" in
     0.16.* | 0.17.* | 0.18.* | 0.19.* | 0.2[0-3].*) ;;
@@ -69,7 +90,7 @@ case "$version" in
         files="$files prefix_cache/test_partial_prefix_cache_hits.py test_swa_inflight_window_free.py" ;;&
     0.2[7-9].* | 0.3[0-3].*) files="$files test_mamba_align_chunk_split.py" ;;&
     0.29.* | 0.3[0-3].*) files="$files test_contiguous_kv_packing.py" ;;&
-    0.3[0-3].*) files="$files prefix_cache/test_mamba_eagle_resume_checkpoint.py" ;;&
+    0.3[0-3].*) files="$files prefix_cache/test_mamba_eagle_resume_checkpoint.py test_scheduler.py" ;;&
     0.1[6-9].* | 0.2[0-9].* | 0.3[0-3].*) ;;
     *) echo "!!!!! vllm-own-tests: no suite for vLLM '$version' !!!!!" >&2; exit 2 ;;
 esac
@@ -80,13 +101,19 @@ summary() {  # the last line of the output, for .ci/vllm-own-all.sh
 }
 
 # No kvpool line for the release: a loud failure (or, when told, a loud skip).
-if [[ " $modes " == *" kvpool "* ]] && ! "$python" -c '
+# Else whether the kvpool run puts kvpool's manager in (the plugin decides
+# the same way): "manager" or "none".
+if [[ " $modes " == *" kvpool "* ]] && ! manager=$("$python" -c '
 import sys
+import kvpool
 from kvpool.vllm import UnsupportedVLLMVersionError, vllm_line
+from kvpool.vllm_manager import manager_enabled
 try:
-    vllm_line(sys.argv[1])
+    line = vllm_line(sys.argv[1])
 except UnsupportedVLLMVersionError:
-    sys.exit(1)' "$version"; then
+    sys.exit(1)
+ours = line.manager is not None and manager_enabled() and kvpool.USING_EXTENSION
+print("manager" if ours else "none")' "$version"); then
     if [ "${KVPOOL_OWN_SKIP_MISSING:-}" = 1 ]; then
         echo "!!!!! vllm-own-tests: no kvpool line for vLLM $version: SKIPPED (KVPOOL_OWN_SKIP_MISSING=1) !!!!!" >&2
         summary "SKIPPED (no kvpool line)"
@@ -120,23 +147,38 @@ for f in $files; do
 done
 work=$(mktemp -d "${TMPDIR:-/tmp}/kvpool-vllm-own.XXXXXX")
 trap 'rm -rf "$work"' EXIT
+# The model configurations the scheduler tests build from, in a hub cache of
+# their own (tests/vllm_suites/hf_hub_cache.py): facebook/opt-125m's
+# config.json, all that vLLM's ModelConfig reads of it offline.
+"$python" "$suites/hf_hub_cache.py" "$work/hf" > /dev/null
 
 run() {  # MODE: one pytest run, its JUnit XML and log in $work
-    local mode=$1 swap=1 t0=$SECONDS
+    local mode=$1 swap=1 t0=$SECONDS rc=0
     [ "$mode" = stock ] && swap=0
     # From the tree's root, for the tests' `import tests.*`, which is only
     # read: no byte code, no pytest cache. --confcutdir leaves out vLLM's
     # tests/conftest.py, which imports vLLM's server stack (not needed by
     # these tests; its autouse fixtures reset HTTP clients, dynamo and GPU
-    # memory). Offline: the tests that want a model from a hub fail at once,
-    # in both runs alike, instead of trying the network.
+    # memory). Offline, over the hub cache above: the tests that want another
+    # model from a hub fail at once, in both runs alike, instead of trying
+    # the network. VLLM_TARGET_DEVICE=cpu: vLLM's platform is this machine's
+    # (else a scheduler's config fails with "Failed to infer device type").
     (cd "$tree" && PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
-        KVPOOL_SWAP=$swap PYTHONPATH=$pythonpath "$python" -m pytest \
-        -p kvpool_swap -p no:cacheprovider -q -o addopts="" \
+        HF_HOME="$work/hf" VLLM_TARGET_DEVICE=cpu \
+        KVPOOL_SWAP=$swap PYTHONPATH=$pythonpath timeout "$limit" "$python" -m pytest \
+        -p kvpool_swap -p no:cacheprovider -q -o addopts="" -o faulthandler_timeout=120 \
         --confcutdir="$tree/tests/v1/core" --junitxml="$work/$mode.xml" "${paths[@]}") \
-        > "$work/$mode.log" 2>&1 || true
+        > "$work/$mode.log" 2>&1 || rc=$?
+    if [ "${rc:-0}" = 124 ]; then  # no XML: reported as a run that wrote no results
+        echo "!!!!! vllm-own-tests: the $mode run of vLLM $version timed out after ${limit}s" \
+            "(KVPOOL_OWN_TIMEOUT); where its slow test was, in the tests:" \
+            "$(sed -n '/Timeout (0:/,$p' "$work/$mode.log" | grep -m 3 '/tests/' | tr -s ' ' | tr '\n' ';') !!!!!" >&2
+        rm -f "$work/$mode.xml"
+        printf "\ntimed out after %ss\n" "$limit" >> "$work/$mode.log"
+    fi
     echo "   vLLM $version's own tests, $mode: $(tail -n 1 "$work/$mode.log") ($((SECONDS - t0))s)"
     grep -m 1 '^kvpool_swap: ' "$work/$mode.log" | cut -c 1-200 || true
+    grep -m 1 '^kvpool_swap: manager ' "$work/$mode.log" || true
 }
 
 if [ "$jobs" = 1 ]; then
@@ -154,6 +196,21 @@ for mode in $modes; do
     fi
 done
 
+# kvpool's manager, when in: no manager of vLLM's class built, and its
+# compiled path taken.
+mgr_fast=-
+if [ "${manager:-none}" = manager ] && [ -s "$work/kvpool.xml" ]; then
+    said=$(grep -m 1 '^kvpool_swap: manager ' "$work/kvpool.log" || true)
+    mgr_fast=$(sed -n 's/.* fast=\([0-9]*\) .*/\1/p' <<< "$said")
+    vllm_own=$(sed -n 's/.*vllm_own=\([0-9]*\).*/\1/p' <<< "$said")
+    if [ -z "$mgr_fast" ] || [ "$mgr_fast" = 0 ] || [ "${vllm_own:-1}" != 0 ]; then
+        echo "!!!!! vllm-own-tests: kvpool's manager was to be in vLLM $version's kvpool run," \
+            "but: ${said:-no 'kvpool_swap: manager' line} !!!!!" >&2
+        summary "FAILED (kvpool's manager not used: fast=${mgr_fast:-?} vllm_own=${vllm_own:-?})"
+        exit 1
+    fi
+fi
+
 if [ "$modes" = stock ]; then
     "$python" "$suites/compare.py" "$version" "$work/stock.xml" > "$work/compare.txt" || true
 else
@@ -168,5 +225,6 @@ if [ -n "${KVPOOL_OWN_RESULTS:-}" ]; then
         cp "$work/$mode.xml" "$KVPOOL_OWN_RESULTS/$version-$mode.xml"
     done
 fi
-summary "$(tail -n 1 "$work/compare.txt" | sed 's/^summary: //')"
+said=$(tail -n 1 "$work/compare.txt" | sed 's/^summary: //')  # COUNTS: VERDICT
+summary "${said%%:*} mgr_fast=$mgr_fast:${said#*:}"
 exit "${status:-0}"

@@ -74,7 +74,8 @@ TESTED: tuple[Tested, ...] = (
     Tested(
         "own tests",
         "the release's own pool tests, run with vLLM's classes and with kvpool's in their "
-        "place (`.ci/vllm-own-tests.sh`): every test that passes with vLLM's pool passes "
+        "place (`.ci/vllm-own-tests.sh`; for a line with a manager also kvpool's manager, "
+        "and `test_scheduler.py`): every test that passes with vLLM's pool passes "
         "with kvpool's, but for the listed exceptions "
         "([docs/vllm-integration.md](docs/vllm-integration.md#vllms-own-tests))",
         ".ci/vllm-own-all.sh",
