@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Compiled hot paths of vLLM's ``KVCacheManager`` (the 0.32 and 0.33 lines).
+"""Compiled hot paths of vLLM's ``KVCacheManager`` (the 0.30 to 0.33 lines).
 
 What the scheduler calls for every running request on every step --
 ``allocate_slots`` for one more token and the async scheduler's
@@ -15,11 +15,12 @@ other case to vLLM's own code. Why this shape:
   coordinator, ``KVCacheBlocks``), read and written here in place, so
   whatever the scheduler, a connector or a test reads of the manager is
   there and means the same. kvpool's manager is a subclass of the release's
-  ``KVCacheManager`` whose two methods are the functions below.
+  ``KVCacheManager`` whose hot methods are the functions below
+  (docs/manager.md lists them and when each hands a call to vLLM).
 * Exact by construction: a call is decided before anything changes. If any
-  input is outside the case handled here (prefix-cache hits to adopt,
-  external tokens, a partial-hit copy-on-write pending, a non-int argument,
-  ...) the whole call goes to vLLM's method unchanged. Inside the case, the
+  input is outside the case handled here (external tokens, a partial-block
+  prefix hit, a partial-hit copy-on-write pending, a non-int argument, ...)
+  the whole call goes to vLLM's method unchanged. Inside the case, the
   rare steps with real work -- blocks leaving the window, new blocks filling
   up -- call the same vLLM methods vLLM's own path would, with the same
   arguments, in the same order; only the do-nothing steps and the
@@ -706,7 +707,6 @@ def estimate_cached_tokens(self, request):
     group the most tokens a block's hash of the request covers, the least of
     those over the groups (0 for none)."""
     cdef _Group g
-    cdef Py_ssize_t i, n
     plan = self._kvpool_plan
     if plan is None:
         return _vllm_base(self, "estimate_cached_tokens")(self, request)
