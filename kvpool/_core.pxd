@@ -108,3 +108,7 @@ cdef class PoolCore:
     cdef BlockHashToBlockMap _map
     cdef FreeKVCacheBlockQueue _queue
     cdef _Store st
+
+    cdef int _cache_run33(self, blocks, start, stop, block_hashes, Py_ssize_t scale,
+                          group_id, block_size, block_mask, list removed,
+                          list stored) except -1

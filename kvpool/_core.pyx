@@ -1899,6 +1899,14 @@ cdef class PoolCore:
 
     def _cache_blocks33(self, blocks, start, stop, block_hashes, Py_ssize_t scale,
                         group_id, block_size, block_mask, list removed, list stored):
+        """vLLM 0.33's cache_full_blocks without the events (``_cache_run33``,
+        which kvpool's compiled manager calls directly)."""
+        self._cache_run33(blocks, start, stop, block_hashes, scale, group_id, block_size,
+                          block_mask, removed, stored)
+
+    cdef int _cache_run33(self, blocks, start, stop, block_hashes, Py_ssize_t scale,
+                          group_id, block_size, block_mask, list removed,
+                          list stored) except -1:
         """vLLM 0.33's cache_full_blocks without the events: cache
         ``blocks[start:stop]`` (null and masked-out blocks skipped), block
         ``start + j`` under hash ``start + j`` of the ``block_size`` view of
@@ -1913,7 +1921,7 @@ cdef class PoolCore:
         cdef int64_t nt
         cdef list mask = None
         if start >= stop:
-            return
+            return 0
         if start < 0:
             raise ValueError(f"num_cached_blocks must be >= 0, got {start}")
         gid = _check_group(group_id)
@@ -1985,6 +1993,7 @@ cdef class PoolCore:
                 st.ntok[i] = <int64_t> (start + j + 1) * bs
             if stored is not None:
                 PyList_Append(stored, <object> h)
+        return 0
 
     def _reset_cache(self):
         """Forget every hash key (a new, empty map); only when no block but

@@ -7,6 +7,11 @@ cdef class _Group:
     # SlidingWindowManager), with what its hot paths read, fixed when the
     # manager is built.
     cdef object mgr               # vLLM's manager object itself
+    # Its request tables, as bound when the plan was made (vLLM binds them
+    # once, in __init__; ``refresh`` rebinds them at each step's start):
+    cdef object rtb               # req_to_blocks (a defaultdict)
+    cdef object ncb               # num_cached_block
+    cdef object phr               # _partial_hit_reqs
     cdef Py_ssize_t block_size
     cdef bint sliding
     # SlidingWindowManager.get_num_skipped_tokens(n) = max(0, n - skip_off)
@@ -47,6 +52,10 @@ cdef class ManagerPlan:
     cdef bint zero_chunk_adopts   # 0.31 on: a 0-token chunk may adopt computed tokens
     cdef object base_num_blocks   # the coordinator class's get_num_blocks_to_allocate
     cdef bint caching             # any group caches
+    cdef object status_type       # RequestStatus (its members are singletons)
+    # The pool's cache_full_blocks is kvpool's (the 0.33 facade's over the
+    # compiled core): without events it is the core's _cache_run33.
+    cdef bint core_caches
     # How the calls went, for tests and benchmarks (``ManagerPlan.counts``).
     cdef Py_ssize_t n_fast        # allocate_slots done here, adopting nothing
     cdef Py_ssize_t n_adopt       # ... adopting a prefix-cache hit

@@ -22,7 +22,9 @@ def plan_for(
     has_prefill_end: bool,
     zero_chunk_adopts: bool,
     cap_attr: str,
+    pool_cache_full_blocks: Any,
 ) -> tuple[ManagerPlan, None] | tuple[None, str]: ...
+def refresh(self: Any) -> None: ...
 def allocate_slots(
     self: Any,
     request: Any,

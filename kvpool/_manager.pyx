@@ -39,9 +39,15 @@ from cpython.dict cimport PyDict_Contains, PyDict_GetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.object cimport PyObject, PyObject_GetItem
 from cpython.ref cimport Py_INCREF
-from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_New, PyTuple_SET_ITEM
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
+from cpython.long cimport PyLong_FromUnsignedLongLong
 
 from kvpool._core cimport KVCacheBlock, PoolCore
+
+from kvpool.hashing import _use_int_block_hashes
+from kvpool.hashing import maybe_convert_block_hash as _maybe_convert_block_hash
 
 cdef extern from "Python.h":
     bint PyLong_CheckExact(object o)
@@ -122,7 +128,7 @@ cdef class ManagerPlan:
 
 def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls, base_single,
              coordinator_classes, unitary_cls, hybrid_cls, bint cap_at_hashed, bint trims_null_head,
-             bint has_prefill_end, bint zero_chunk_adopts, str cap_attr):
+             bint has_prefill_end, bint zero_chunk_adopts, str cap_attr, pool_cache_full_blocks):
     """``(plan, None)`` if ``manager`` (a vLLM ``KVCacheManager``, built) is in
     the scope of these paths, else ``(None, reason)``.
 
@@ -137,8 +143,10 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     ``zero_chunk_adopts`` (0.31 on: ``allocate_slots`` takes a chunk of no
     new tokens that adopts computed ones; 0.30 raises);
     ``cap_attr``, the name of a sliding-window manager's admission cap.
-    Every call outside the fast case goes to the method of the vLLM class the
-    manager's class extends (its ``_kvpool_base``)."""
+    ``pool_cache_full_blocks``: kvpool's facade method whose work, without
+    events, the core's ``_cache_run33`` does (called directly if the pool's
+    class has it). Every call outside the fast case goes to the method of the
+    vLLM class the manager's class extends (its ``_kvpool_base``)."""
     cdef ManagerPlan p = ManagerPlan.__new__(ManagerPlan)
     cdef _Group g
     coordinator = manager.coordinator
@@ -163,6 +171,7 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
             return None, "request tables that are not dicts"
         g = _Group.__new__(_Group)
         g.mgr = mgr
+        _bind_tables(g)
         g.block_size = mgr.block_size
         if g.block_size <= 0:
             return None, "a block size that is not positive"
@@ -210,6 +219,11 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     p.empty_blocks = p.empty.blocks
     p.kv_cache_blocks = kv_cache_blocks
     p.base_num_blocks = type(coordinator).get_num_blocks_to_allocate
+    p.status_type = request_status
+    p.core_caches = (
+        p.pool_core is not None
+        and getattr(type(pool), "cache_full_blocks", None) is pool_cache_full_blocks
+    )
     p.waiting = request_status.WAITING
     p.preempted = request_status.PREEMPTED
     p.max_model_len = manager.max_model_len
@@ -237,6 +251,34 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     return p, None
 
 
+cdef int _bind_tables(_Group g) except -1:
+    g.rtb = g.mgr.req_to_blocks
+    g.ncb = g.mgr.num_cached_block
+    g.phr = g.mgr._partial_hit_reqs
+    return 0
+
+
+def refresh(self):
+    """Rebind the plan's view of each group's request tables (the manager
+    calls this at every step's start): vLLM binds them once, when a manager
+    is built, but code that replaced one is then seen at the next step."""
+    cdef _Group g
+    plan = self._kvpool_plan
+    if plan is None:
+        return
+    for g in (<ManagerPlan> plan).groups:
+        if g.mgr.req_to_blocks is not g.rtb or g.mgr.num_cached_block is not g.ncb \
+                or g.mgr._partial_hit_reqs is not g.phr:
+            if not (PyDict_Check(g.mgr.req_to_blocks) and PyDict_Check(g.mgr.num_cached_block)
+                    and PyDict_Check(g.mgr._partial_hit_reqs)):
+                # Out of the scope from now on: vLLM's code serves it.
+                self._kvpool_plan = None
+                self.coordinator._kvpool_plan = None
+                self.kvpool_fallback_reason = "request tables that are not dicts"
+                return
+            _bind_tables(g)
+
+
 cdef Py_ssize_t _free_blocks(ManagerPlan p) except? -1:
     if p.pool_core is not None:
         return (<PoolCore> p.pool_core).st.num_free
@@ -254,10 +296,10 @@ cdef Py_ssize_t _num_blocks_to_allocate(_Group g, object rid, Py_ssize_t num_tok
     cdef PyObject *blocks
     if admission_cap and g.has_cap and g.cap < required:
         required = g.cap
-    blocks = PyDict_GetItem(g.mgr.req_to_blocks, rid)
+    blocks = PyDict_GetItem(g.rtb, rid)
     if blocks != NULL:
         have = len(<object> blocks)
-    if PyDict_Contains(g.mgr.num_cached_block, rid):
+    if PyDict_Contains(g.ncb, rid):
         n = required - have  # a running request (it has no new computed blocks)
         return n if n > 0 else 0
     if new_computed is not None:
@@ -289,7 +331,7 @@ cdef bint _window_has_left(ManagerPlan p, _Group g, object rid, Py_ssize_t proce
     cdef Py_ssize_t skipped, nblocks
     if processed - g.skip_off <= 0:
         return False
-    blocks = PyObject_GetItem(g.mgr.req_to_blocks, rid)
+    blocks = PyObject_GetItem(g.rtb, rid)
     skipped = _floordiv(processed - g.skip_off, g.block_size)
     nblocks = len(blocks)
     if skipped > nblocks:
@@ -299,7 +341,8 @@ cdef bint _window_has_left(ManagerPlan p, _Group g, object rid, Py_ssize_t proce
     return blocks[skipped - 1] is not p.null_block
 
 
-cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens) except -1:
+cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens,
+                bint cap_at_num_tokens) except -1:
     # The coordinator's cache_blocks(request, num_tokens): nothing when no
     # group has a block to cache; with one full-attention group (the unitary
     # coordinator), what its manager's cache_blocks does -- the pool's
@@ -312,11 +355,23 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
     # an upper bound, so there a True only costs vLLM's call. A full-attention
     # group whose block is larger than the hash block may register a partial
     # tail on any step: vLLM's code always decides for it.
+    #
+    # With ``cap_at_num_tokens`` (allocate_slots), ``num_tokens`` is capped
+    # at the request's ``num_tokens`` first -- read only if a group could
+    # cache without the cap (a decode step seldom fills a block).
     cdef _Group g
     cdef _Group todo = None
-    cdef Py_ssize_t cacheable = num_tokens, full, cached, hashed
+    cdef Py_ssize_t cacheable, full, cached, hashed
     cdef Py_ssize_t todo_cached = 0, todo_full = 0
     cdef PyObject *entry
+    if cap_at_num_tokens:
+        if _nothing_to_cache(p, rid, num_tokens):
+            p.n_cache_skips += 1
+            return 0
+        cached = request.num_tokens
+        if cached < num_tokens:
+            num_tokens = cached
+    cacheable = num_tokens
     if not p.hybrid:
         cacheable -= p.reprefillable
     if cacheable < 0:
@@ -331,7 +386,7 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
         if g.partial_tail:
             return _cache_in_vllm(p, request, num_tokens)
         full = _floordiv(cacheable, g.block_size)
-        entry = PyDict_GetItem(g.mgr.num_cached_block, rid)
+        entry = PyDict_GetItem(g.ncb, rid)
         if entry == NULL:
             cached = 0
         elif not _count(<object> entry, &cached):
@@ -344,17 +399,108 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
         p.n_cache_skips += 1
         return 0
     p.n_cache_direct += 1
+    if p.core_caches and todo.block_size == p.hash_block_size:
+        _core_caches(p, todo, request, PyObject_GetItem(todo.rtb, rid), todo_cached, todo_full)
+        todo.ncb[rid] = todo_full
+        return 0
     p.pool.cache_full_blocks(
         request=request,
-        blocks=PyObject_GetItem(todo.mgr.req_to_blocks, rid),
+        blocks=PyObject_GetItem(todo.rtb, rid),
         num_cached_blocks=todo_cached,
         num_full_blocks=todo_full,
         block_size=todo.block_size,
         kv_cache_group_id=todo.group_id,
         block_mask=None,
     )
-    todo.mgr.num_cached_block[rid] = todo_full
+    todo.ncb[rid] = todo_full
     return 0
+
+
+cdef int _core_caches(ManagerPlan p, _Group g, object request, object blocks,
+                      Py_ssize_t cached, Py_ssize_t full) except -1:
+    # kvpool's facade cache_full_blocks (kvpool.v0_33.block_pool) for a group
+    # whose block is the hash block and has no mask (cached < full): the
+    # core's _cache_run33, then with events the same events in the same
+    # order -- the BlockRemoved of promoted partial keys, then one
+    # BlockStored built by the line's own _build_block_stored_event, with the
+    # line's extra keys and lookahead -- without the facade's Python between.
+    cdef PoolCore core = <PoolCore> p.pool_core
+    cdef Py_ssize_t i, bs = g.block_size
+    hashes = request.block_hashes
+    if not core._events:
+        core._cache_run33(blocks, cached, full, hashes, 1, g.group_id, bs, None, None, None)
+        return 0
+    removed = []
+    stored = []
+    core._cache_run33(blocks, cached, full, hashes, 1, g.group_id, bs, None, removed, stored)
+    pool = p.pool
+    if PyList_GET_SIZE(removed):
+        pool._emit_block_removed_events(removed)
+    use_int = _use_int_block_hashes()
+    parent = None if cached == 0 else _event_hash(hashes[cached - 1], use_int)
+    n = PyList_GET_SIZE(stored)
+    converted = PyList_New(n)
+    for i in range(n):
+        h = _event_hash(<object> PyList_GET_ITEM(stored, i), use_int)
+        Py_INCREF(h)
+        PyList_SET_ITEM(converted, i, h)
+    indices = [i for i in range(cached, full) if not blocks[i].is_null]
+    pool.kv_event_queue.append(pool._build_block_stored_event(
+        request,
+        block_hashes=converted,
+        parent_block_hash=parent,
+        start_token_idx=cached * bs,
+        end_token_idx=full * bs,
+        block_size=bs,
+        kv_cache_group_id=g.group_id,
+        extra_keys_list=pool._event_extra_keys(request, indices, bs),
+        lookahead_token_ids=pool._event_lookahead(request, [(i + 1) * bs for i in indices]),
+    ))
+    return 0
+
+
+cdef object _event_hash(object h, bint use_int):
+    # kvpool.hashing.maybe_convert_block_hash (and convert_block_hashes, the
+    # same per hash): the low 64 bits of the hash's big-endian value -- its
+    # last eight bytes -- or the bytes themselves.
+    cdef const unsigned char *c
+    cdef Py_ssize_t n, k
+    cdef unsigned long long v = 0
+    if not use_int:
+        return h
+    if not PyBytes_CheckExact(h):
+        return _maybe_convert_block_hash(h)
+    c = <const unsigned char *> PyBytes_AS_STRING(h)
+    n = PyBytes_GET_SIZE(h)
+    k = n - 8 if n > 8 else 0
+    while k < n:
+        v = (v << 8) | c[k]
+        k += 1
+    return PyLong_FromUnsignedLongLong(v)
+
+
+cdef bint _nothing_to_cache(ManagerPlan p, object rid, Py_ssize_t num_tokens) except -1:
+    # True if no group could cache a block at num_tokens (an upper bound of
+    # what _cache gives each group): each one's full blocks at num_tokens
+    # are no more than its cached ones, and no group registers partial tails.
+    cdef _Group g
+    cdef Py_ssize_t cached
+    cdef PyObject *entry
+    if not p.hybrid and p.reprefillable < 0:
+        num_tokens -= p.reprefillable
+    for g in p.groups:
+        if not g.caching:
+            continue
+        if g.partial_tail:
+            return False
+        entry = PyDict_GetItem(g.ncb, rid)
+        if entry == NULL:
+            cached = 0
+        elif not _count(<object> entry, &cached):
+            return False
+        if cached < _floordiv(num_tokens, g.block_size):
+            return False
+    return True
 
 
 cdef int _cache_in_vllm(ManagerPlan p, object request, Py_ssize_t num_tokens) except -1:
@@ -363,7 +509,7 @@ cdef int _cache_in_vllm(ManagerPlan p, object request, Py_ssize_t num_tokens) ex
     return 0
 
 
-cdef object _to_adopt(ManagerPlan p, object request, object new_computed_blocks,
+cdef object _to_adopt(ManagerPlan p, object rid, object new_computed_blocks,
                       Py_ssize_t num_local_computed):
     # What allocate_slots adopts: None when vLLM skips
     # allocate_new_computed_blocks (no blocks given, or the manager's empty
@@ -376,9 +522,8 @@ cdef object _to_adopt(ManagerPlan p, object request, object new_computed_blocks,
     cdef _Group g
     cdef Py_ssize_t i
     cdef PyObject *have
-    rid = request.request_id
     for g in p.groups:
-        if PyDict_Contains(g.mgr._partial_hit_reqs, rid):
+        if PyDict_Contains(g.phr, rid):
             return _VLLM
     if new_computed_blocks is None:
         return None
@@ -393,7 +538,7 @@ cdef object _to_adopt(ManagerPlan p, object request, object new_computed_blocks,
         group_blocks = blocks[i]
         if not PyList_CheckExact(group_blocks):
             return _VLLM
-        if PyDict_Contains(g.mgr.num_cached_block, rid):
+        if PyDict_Contains(g.ncb, rid):
             if PyList_GET_SIZE(group_blocks) > 0:
                 raise ValueError(
                     f"request {rid!r} is running: it has no new computed blocks to adopt "
@@ -404,7 +549,7 @@ cdef object _to_adopt(ManagerPlan p, object request, object new_computed_blocks,
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
         group_blocks = blocks[i]
-        have = PyDict_GetItem(g.mgr.req_to_blocks, rid)
+        have = PyDict_GetItem(g.rtb, rid)
         if have != NULL and len(<object> have) != 0:
             raise ValueError(
                 f"request {rid!r} already has {len(<object> have)} blocks in KV-cache group "
@@ -426,7 +571,7 @@ cdef int _adopt(ManagerPlan p, object rid, object blocks, Py_ssize_t num_local_c
     cdef Py_ssize_t i, skipped
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
-        req_blocks = PyObject_GetItem(g.mgr.req_to_blocks, rid)
+        req_blocks = PyObject_GetItem(g.rtb, rid)
         new = blocks[i]
         skipped = 0
         if g.sliding and num_local_computed - g.skip_off > 0:
@@ -438,7 +583,7 @@ cdef int _adopt(ManagerPlan p, object rid, object blocks, Py_ssize_t num_local_c
         if skipped > 0:
             req_blocks.extend([p.null_block] * skipped)
         req_blocks.extend(new)
-        g.mgr.num_cached_block[rid] = len(req_blocks)
+        g.ncb[rid] = len(req_blocks)
     return 0
 
 
@@ -475,11 +620,11 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         return _VLLM
     p = <ManagerPlan> plan
     computed += new_computed  # num_local_computed_tokens
-    adopt = _to_adopt(p, request, new_computed_blocks, computed)
+    rid = request.request_id
+    adopt = _to_adopt(p, rid, new_computed_blocks, computed)
     if adopt is _VLLM:
         p.n_base += 1
         return _VLLM
-    rid = request.request_id
     # From here on this is vLLM's allocate_slots, in its order.
     if adopt is None:
         p.n_fast += 1
@@ -489,7 +634,9 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     total = computed if computed < p.max_model_len else p.max_model_len
     if has_scheduled_reqs:
         status = request.status
-        if status is p.waiting or status is p.preempted or status == p.waiting or status == p.preempted:
+        if status is p.waiting or status is p.preempted or (
+                type(status) is not p.status_type
+                and (status == p.waiting or status == p.preempted)):
             watermark = p.watermark_blocks
     if full_sequence_must_fit:
         full_tokens = request.num_tokens
@@ -521,12 +668,23 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         return None
     if adopt is not None:
         _adopt(p, rid, adopt, computed)
-    # The coordinator's allocate_new_blocks.
+    # The coordinator's allocate_new_blocks (no group needing a block is
+    # the common case: its result, all empty, is never built).
+    any_new = False
+    for i in range(p.ngroups):
+        g = <_Group> p.groups[i]
+        if _cdiv(need, g.block_size) > len(PyObject_GetItem(g.rtb, rid)):
+            any_new = True
+            break
+    if not any_new:
+        if not delay_cache_blocks and p.caching:
+            _cache(p, request, rid, main_tokens, True)
+        return p.empty
     result = PyTuple_New(p.ngroups)
     any_new = False
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
-        blocks = PyObject_GetItem(g.mgr.req_to_blocks, rid)
+        blocks = PyObject_GetItem(g.rtb, rid)
         nnew = _cdiv(need, g.block_size) - len(blocks)
         if nnew <= 0:
             new = []
@@ -539,10 +697,8 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         Py_INCREF(new)
         PyTuple_SET_ITEM(result, i, new)
     if not delay_cache_blocks and p.caching:
-        full_tokens = request.num_tokens
-        if main_tokens < full_tokens:
-            full_tokens = main_tokens
-        _cache(p, request, rid, full_tokens)
+        # min(main_tokens, request.num_tokens)
+        _cache(p, request, rid, main_tokens, True)
     return p.kv_cache_blocks(result) if any_new else p.empty
 
 
@@ -605,7 +761,7 @@ def cache_blocks(self, request, num_computed_tokens):
     if not self.enable_caching:
         return None
     if p.caching:
-        _cache(p, request, request.request_id, n)
+        _cache(p, request, request.request_id, n, False)
     else:
         p.n_cache_skips += 1
     return None
@@ -624,8 +780,11 @@ def get_block_ids(self, allow_none=False, *, group_ids=None):
                 break
         else:
             return None
-    out = []
-    for group in groups:
+    if not PyTuple_CheckExact(groups):
+        groups = tuple(groups)
+    out = PyTuple_New(len(groups))
+    for i in range(len(groups)):
+        group = <object> PyTuple_GET_ITEM(groups, i)
         if PyList_CheckExact(group):
             n = PyList_GET_SIZE(group)
             ids = PyList_New(n)
@@ -639,8 +798,9 @@ def get_block_ids(self, allow_none=False, *, group_ids=None):
                 PyList_SET_ITEM(ids, j, block_id)
         else:
             ids = [block.block_id for block in group]
-        out.append(ids)
-    return tuple(out)
+        Py_INCREF(ids)
+        PyTuple_SET_ITEM(out, i, ids)
+    return out
 
 
 cdef object _computed_blocks(self, request, max_cache_hit_length):
@@ -716,7 +876,7 @@ def estimate_cached_tokens(self, request):
     for g in p.groups:
         if not g.estimates:
             continue
-        entry = g.mgr.req_to_blocks.get(rid) or ()
+        entry = g.rtb.get(rid) or ()
         group_cached = 0
         for block in entry:
             covered = block.block_hash_num_tokens or 0
@@ -754,9 +914,9 @@ def free(self, request):
     rid = request.request_id
     for g in p.groups:
         # (pop_blocks_for_free, then free_blocks, group by group)
-        blocks = g.mgr.req_to_blocks.pop(rid, [])
-        g.mgr.num_cached_block.pop(rid, None)
-        g.mgr._partial_hit_reqs.pop(rid, None)
+        blocks = g.rtb.pop(rid, [])
+        g.ncb.pop(rid, None)
+        g.phr.pop(rid, None)
         if p.trims_null_head:
             nhl = _null_head_len(blocks)
             if nhl:
@@ -779,7 +939,7 @@ def get_blocks(self, request_id):
     any_blocks = False
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
-        entry = PyDict_GetItem(g.mgr.req_to_blocks, request_id)
+        entry = PyDict_GetItem(g.rtb, request_id)
         blocks = <object> entry if entry != NULL else None
         if not blocks:
             blocks = []
@@ -835,8 +995,15 @@ def coordinator_get_num_blocks_to_allocate(self, request_id, num_tokens, new_com
     coordinator of a manager these paths serve; later arguments, such as
     0.31's ``prefill_end``, only matter to Mamba groups): in C when no group
     has new computed blocks."""
-    cdef ManagerPlan p = <ManagerPlan> self._kvpool_plan
+    cdef ManagerPlan p
     cdef Py_ssize_t tokens, total, required = 0
+    plan = self._kvpool_plan
+    if plan is None:
+        return type(self).get_num_blocks_to_allocate(
+            self, request_id, num_tokens, new_computed_blocks, num_encoder_tokens,
+            total_computed_tokens, num_local_computed_tokens, num_tokens_main_model,
+            apply_admission_cap, *args, **kwargs)
+    p = <ManagerPlan> plan
     fast = _count(num_tokens, &tokens) and _count(total_computed_tokens, &total) \
         and PyTuple_CheckExact(new_computed_blocks) and len(new_computed_blocks) == p.ngroups \
         and (not (args or kwargs) or (p.has_prefill_end and len(args) + len(kwargs) == 1

@@ -43,6 +43,7 @@ from vllm.v1.core import single_type_kv_cache_manager as _single
 from vllm.v1.request import RequestStatus
 
 from .. import _manager
+from . import block_pool as _block_pool
 
 __all__ = ["KVCacheBlocks", "KVCacheManager"]
 
@@ -106,6 +107,7 @@ class KVCacheManager(_vllm.KVCacheManager):
             has_prefill_end=self._kvpool_has_prefill_end,
             zero_chunk_adopts=self._kvpool_zero_chunk_adopts,
             cap_attr=self._kvpool_cap_attr,
+            pool_cache_full_blocks=_block_pool.BlockPoolMixin.cache_full_blocks,
         )
         self._kvpool_plan = plan
         #: ``None`` when the compiled paths serve this manager, else why not.
@@ -131,6 +133,10 @@ class KVCacheManager(_vllm.KVCacheManager):
     get_block_ids = _manager.get_block_ids_of
     take_new_block_ids = _manager.take_new_block_ids
     remove_skipped_blocks = _manager.remove_skipped_blocks
+
+    def new_step_starts(self) -> None:  # noqa: D102 - vLLM's, then the plan's tables rebound
+        super().new_step_starts()
+        _manager.refresh(self)
 
     def create_kv_cache_blocks(self, blocks):  # noqa: D102 - vLLM's, of kvpool's class
         return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks

@@ -8,24 +8,12 @@ from __future__ import annotations
 import pytest
 import vllm_workload33 as vw
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks as VLLMKVCacheBlocks
-from _vllm_helpers import pool_in_vllm
 
-from kvpool.v0_33.kv_cache_manager import KVCacheBlocks, KVCacheManager
-from kvpool.vllm_events import vllm_block_pool_class
+from _manager33 import BLOCK
+from _manager33 import kvpool_manager as _manager
+from _manager33 import new_request as _request
 
-BLOCK = 16
-
-
-def _manager(caching: bool = True):
-    w = vw.FULL.scaled(num_requests=4, num_blocks=64, enable_caching=caching)
-    with pool_in_vllm(vllm_block_pool_class("0.33")):
-        mgr = vw.make_manager(w, KVCacheManager)
-    assert mgr.kvpool_fallback_reason is None
-    return w, mgr
-
-
-def _request(w, rid: str, num_tokens: int):
-    return vw.new_request(rid, list(range(1, num_tokens + 1)), 4, vw.request_block_hasher(w))
+from kvpool.v0_33.kv_cache_manager import KVCacheBlocks
 
 
 def _state(mgr) -> tuple:
