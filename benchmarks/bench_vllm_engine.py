@@ -13,8 +13,18 @@ Configurations:
 - ``scheduler``: a 1-layer model, 256 concurrent requests, 768 requests over
   8 shared prefixes, 64 output tokens each (the scheduler's share of a step
   is at its largest);
+- ``scheduler-noevents``: the same without KV events (vLLM's default: no
+  ``kv_events_config``; the engine tests' runs publish events);
 - ``model``: a 4-layer model, 32 concurrent requests (the
   model runner dominates).
+
+``--clock`` runs each side ``--rounds`` times more with the KV-cache
+manager's calls timed (``engine_run.ManagerClock``: every public method of
+the manager, the coordinator's ``get_num_blocks_to_allocate``, the pool's
+``free_blocks`` and ``KVCacheBlocks.get_block_ids``, each wrapped to add its
+wall time to one clock, nested calls counted once) and prints the manager's
+share of the generate loop, corrected for the wrapper's own time, and where
+kvpool's time goes. No profiler runs, so Python is not slowed more than C.
 
 ``--profile`` runs each side once more under cProfile and prints what share
 of the generate loop's time goes to the scheduler (``schedule`` and
@@ -60,6 +70,10 @@ CONFIGS = {
                      "max_num_seqs": 32, "max_num_batched_tokens": 4096},
     },
 }
+CONFIGS["scheduler-noevents"] = {
+    "model": CONFIGS["scheduler"]["model"],
+    "scenario": dict(CONFIGS["scheduler"]["scenario"], events=False),
+}
 QUICK = {"num_requests": 96, "max_tokens": 16}
 
 
@@ -80,7 +94,7 @@ def _is_manager(file: str, name: str) -> bool:
     # kvpool's compiled manager methods, seen through engine_run's wrappers.
     return (file.endswith(("kv_cache_manager.py", "kv_cache_coordinator.py",
                            "single_type_kv_cache_manager.py")) and not name.startswith("<")
-            ) or name in ("kvpool_allocate_slots", "kvpool_cache_blocks")
+            ) or name.startswith("kvpool_")
 
 
 def _is_pool(file: str, name: str) -> bool:
@@ -119,6 +133,45 @@ def shares(profile: str) -> dict[str, float]:
     return out
 
 
+def clock_report(model: Path, scenario: dict, tmp: Path, name: str, rounds: int) -> None:
+    """The KV-cache manager's share of the generate loop, timed without a
+    profiler (``--clock``): ``rounds`` runs a side, alternating; per side the
+    share (median [range]) and, for kvpool, its calls' cost by method."""
+    share: dict[str, list[float]] = {"stock": [], "kvpool": []}
+    raw: dict[str, list[float]] = {"stock": [], "kvpool": []}
+    methods: dict[str, dict[str, list[float]]] = {"stock": {}, "kvpool": {}}
+    for r in range(rounds):
+        for side in (("stock", "kvpool") if r % 2 == 0 else ("kvpool", "stock")):
+            res = run(model, dict(scenario, time_manager=True),
+                      tmp / f"{name}-clock-{r}-{side}", side)
+            c = res["manager_clock"]
+            corrected = c["seconds"] - c["calls"] * c["overhead_s"]
+            share[side].append(100 * corrected / res["seconds"])
+            raw[side].append(100 * c["seconds"] / res["seconds"])
+            for method, (calls, seconds) in c["per_method"].items():
+                methods[side].setdefault(method, []).append(
+                    1e3 * (seconds - calls * c["overhead_s"]))
+            print(f"  {name} clock {r + 1}/{rounds} {side}: manager {share[side][-1]:.1f}% "
+                  f"of {res['seconds']:.2f} s ({c['calls']} calls, wrapper "
+                  f"{1e9 * c['overhead_s']:.0f} ns a call)", flush=True)
+    print(f"\nKV-cache manager's share of the generate loop (timed, no profiler; "
+          f"{rounds} runs a side, median [range]):\n")
+    print("| | stock vLLM | vLLM + kvpool |")
+    print("|---|---|---|")
+    print(f"| share, wrapper time subtracted | {summarize(share['stock'])}% | "
+          f"{summarize(share['kvpool'])}% |")
+    print(f"| share, as timed (upper bound) | {summarize(raw['stock'])}% | "
+          f"{summarize(raw['kvpool'])}% |")
+    print("\nms in each method (median over the runs), the largest:\n")
+    print("| method | stock vLLM | vLLM + kvpool |")
+    print("|---|---|---|")
+    top = sorted(methods["stock"], key=lambda m: -statistics.median(methods["stock"][m]))[:6]
+    for method in top:
+        k = methods["kvpool"].get(method)
+        print(f"| `{method}` | {statistics.median(methods['stock'][method]):.1f} | "
+              f"{statistics.median(k):.1f} |" if k else "| - |")
+
+
 def _num(value: float) -> str:
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
@@ -132,6 +185,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--configs", default="scheduler,model")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--clock", action="store_true",
+                        help="time the KV-cache manager's calls (no profiler), --rounds runs a side")
     parser.add_argument("--quick", action="store_true", help="small workloads (a smoke run)")
     args = parser.parse_args()
     from tiny_model import make_model
@@ -176,6 +231,8 @@ def main() -> None:
                                                  per_side["kvpool"]["ms_step"])]
             print(f"| ms per engine step | {summarize(per_side['stock']['ms_step'])} | "
                   f"{summarize(per_side['kvpool']['ms_step'])} | {summarize(step_ratio)}x |")
+            if args.clock:
+                clock_report(model, scenario, Path(tmp), name, args.rounds)
             if args.profile:
                 print("\nShare of the generate loop's time (cProfile, one run per side):\n")
                 print("| | stock vLLM | vLLM + kvpool |")

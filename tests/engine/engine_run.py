@@ -216,21 +216,100 @@ def install_broken_manager(every: int) -> None:
 
 
 def profile_kvpool_manager(manager) -> None:
-    """Make kvpool's compiled manager methods show in cProfile: each is
+    """Make kvpool's compiled manager methods show in cProfile: each one the
+    scheduler calls (the manager's, the coordinator's
+    ``get_num_blocks_to_allocate``, ``KVCacheBlocks.get_block_ids``) is
     called through a Python function named ``kvpool_<method>`` (its frame
     adds a little to the time it shows, so the share is an upper bound).
     vLLM's manager is left alone."""
     if getattr(manager, "_kvpool_plan", None) is None:
         return
-    allocate_slots, cache_blocks = manager.allocate_slots, manager.cache_blocks
+    from kvpool import _manager
 
-    def kvpool_allocate_slots(*args, **kwargs):
-        return allocate_slots(*args, **kwargs)
+    def named(fn, name):
+        def wrapper(*args, **kwargs):
+            return fn(*args, **kwargs)
+        wrapper.__name__ = wrapper.__qualname__ = f"kvpool_{name}"
+        wrapper.__code__ = wrapper.__code__.replace(co_name=f"kvpool_{name}")
+        return wrapper
 
-    def kvpool_cache_blocks(*args, **kwargs):
-        return cache_blocks(*args, **kwargs)
+    compiled = {id(v) for v in vars(_manager).values() if callable(v)}
+    for name in dir(type(manager)):
+        if id(getattr(type(manager), name, None)) in compiled:
+            setattr(manager, name, named(getattr(manager, name), name))
+    coordinator = manager.coordinator
+    coordinator.get_num_blocks_to_allocate = named(coordinator.get_num_blocks_to_allocate,
+                                                   "get_num_blocks_to_allocate")
+    blocks_cls = type(manager.empty_kv_cache_blocks)
+    blocks_cls.get_block_ids = named(vars(blocks_cls)["get_block_ids"], "get_block_ids")
 
-    manager.allocate_slots, manager.cache_blocks = kvpool_allocate_slots, kvpool_cache_blocks
+
+class ManagerClock:
+    """Time spent inside the KV-cache manager's calls, without a profiler
+    (which slows Python many times more than C and so favours kvpool's
+    share): every public method of the manager instance, the coordinator's
+    ``get_num_blocks_to_allocate`` and the pool's ``free_blocks`` the
+    scheduler calls directly, and ``KVCacheBlocks.get_block_ids``, each
+    wrapped to add its wall time to one clock (a call inside a timed call is
+    not counted again). The same wrappers on either side.
+
+    ``overhead_s`` is what the wrapper itself adds to the clock per call,
+    measured here around a no-op builtin; ``seconds - calls * overhead_s``
+    is the corrected time (``seconds`` is an upper bound)."""
+
+    def __init__(self, manager) -> None:
+        from time import perf_counter
+
+        self.seconds = 0.0
+        self.calls = 0
+        self.enabled = False
+        self.per_method: dict[str, list] = {}  # name -> [calls, seconds]
+        depth = [0]
+
+        def wrap(fn, name):
+            tally = self.per_method.setdefault(name, [0, 0.0])
+
+            def timed(*args, **kwargs):
+                if depth[0] or not self.enabled:
+                    return fn(*args, **kwargs)
+                depth[0] = 1
+                start = perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    took = perf_counter() - start
+                    self.seconds += took
+                    self.calls += 1
+                    tally[0] += 1
+                    tally[1] += took
+                    depth[0] = 0
+            return timed
+
+        self.wrapped = []
+        for name in dir(type(manager)):
+            if name.startswith("_") or isinstance(getattr(type(manager), name, None), property):
+                continue
+            attr = getattr(manager, name)
+            if callable(attr) and not isinstance(attr, type):
+                setattr(manager, name, wrap(attr, name))
+                self.wrapped.append(name)
+        coordinator, pool = manager.coordinator, manager.block_pool
+        coordinator.get_num_blocks_to_allocate = wrap(coordinator.get_num_blocks_to_allocate,
+                                                       "coordinator.get_num_blocks_to_allocate")
+        pool.free_blocks = wrap(pool.free_blocks, "block_pool.free_blocks")
+        classes = {type(manager.empty_kv_cache_blocks)}
+        from vllm.v1.core import kv_cache_manager as vllm_manager
+        classes.add(vllm_manager.KVCacheBlocks)
+        for cls in classes:
+            if "get_block_ids" in vars(cls):
+                cls.get_block_ids = wrap(vars(cls)["get_block_ids"], "KVCacheBlocks.get_block_ids")
+        # The wrapper's own share of the clock, per call.
+        self.enabled, probe, n = True, wrap(abs, "probe"), 200_000
+        for _ in range(n):
+            probe(0)
+        self.overhead_s = self.seconds / n
+        del self.per_method["probe"]
+        self.seconds, self.calls, self.enabled = 0.0, 0, False
 
 
 def watch_windows() -> dict:
@@ -329,6 +408,10 @@ def main() -> None:
         profiler = cProfile.Profile()
         if not scenario.get("multiprocess"):
             profile_kvpool_manager(llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager)
+    clock = None
+    if scenario.get("time_manager"):
+        clock = ManagerClock(llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager)
+        clock.enabled = True
     waves = []
     started = time.monotonic()
     outputs = []
@@ -354,6 +437,8 @@ def main() -> None:
                   f"RSS {w['rss_kib'] / 1024:.0f} MiB, {w['objects']} live objects"
                   + (", prefix cache reset" if reset else ""), flush=True)
     elapsed = time.monotonic() - started
+    if clock is not None:
+        clock.enabled = False
     if profiler is not None:
         profiler.dump_stats(str(Path(out_path).with_suffix(".prof")))
     metrics = {}
@@ -403,6 +488,10 @@ def main() -> None:
         "seconds": elapsed,
         "steps": steps[0],
         "waves": waves,
+        "manager_clock": None if clock is None else {
+            "seconds": clock.seconds, "calls": clock.calls,
+            "overhead_s": clock.overhead_s, "wrapped": clock.wrapped,
+            "per_method": {k: v for k, v in clock.per_method.items() if v[0]}},
     }
     Path(out_path).write_text(json.dumps(result))
     del llm
