@@ -112,3 +112,4 @@ cdef class PoolCore:
     cdef int _cache_run33(self, blocks, start, stop, block_hashes, Py_ssize_t scale,
                           group_id, block_size, block_mask, list removed,
                           list stored) except -1
+    cdef list _take_new(self, Py_ssize_t num_blocks, list removed)

@@ -1561,6 +1561,12 @@ cdef class PoolCore:
             return self._get_new_blocks_with_hooks(num_blocks)
         return _allocate(self.st, num_blocks, self._caching, self._map, None, self._by_block)
 
+    cdef list _take_new(self, Py_ssize_t num_blocks, list removed):
+        """get_new_blocks without the hooks, the evicted keys appended to
+        ``removed`` (kvpool's compiled manager, with events on and no
+        metrics or reuse watchers, then queues their BlockRemoved)."""
+        return _allocate(self.st, num_blocks, self._caching, self._map, removed, self._by_block)
+
     def touch(self, blocks):
         """Take a reference on each block of a prefix-cache hit; a free
         block leaves the free queue (O(1))."""

@@ -56,6 +56,10 @@ cdef class ManagerPlan:
     # The pool's cache_full_blocks is kvpool's (the 0.33 facade's over the
     # compiled core): without events it is the core's _cache_run33.
     cdef bint core_caches
+    # ... and its get_new_blocks the core's, its hook path the 0.33
+    # facade's: with events on (no metrics, no watchers) the core's
+    # _take_new, then the facade's BlockRemoved events.
+    cdef bint core_news
     # How the calls went, for tests and benchmarks (``ManagerPlan.counts``).
     cdef Py_ssize_t n_fast        # allocate_slots done here, adopting nothing
     cdef Py_ssize_t n_adopt       # ... adopting a prefix-cache hit

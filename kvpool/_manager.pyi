@@ -23,6 +23,7 @@ def plan_for(
     zero_chunk_adopts: bool,
     cap_attr: str,
     pool_cache_full_blocks: Any,
+    pool_new_blocks_with_hooks: Any,
 ) -> tuple[ManagerPlan, None] | tuple[None, str]: ...
 def refresh(self: Any) -> None: ...
 def allocate_slots(

@@ -128,7 +128,8 @@ cdef class ManagerPlan:
 
 def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls, base_single,
              coordinator_classes, unitary_cls, hybrid_cls, bint cap_at_hashed, bint trims_null_head,
-             bint has_prefill_end, bint zero_chunk_adopts, str cap_attr, pool_cache_full_blocks):
+             bint has_prefill_end, bint zero_chunk_adopts, str cap_attr, pool_cache_full_blocks,
+             pool_new_blocks_with_hooks):
     """``(plan, None)`` if ``manager`` (a vLLM ``KVCacheManager``, built) is in
     the scope of these paths, else ``(None, reason)``.
 
@@ -145,7 +146,9 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     ``cap_attr``, the name of a sliding-window manager's admission cap.
     ``pool_cache_full_blocks``: kvpool's facade method whose work, without
     events, the core's ``_cache_run33`` does (called directly if the pool's
-    class has it). Every call outside the fast case goes to the method of the
+    class has it); ``pool_new_blocks_with_hooks``: the facade's
+    ``get_new_blocks`` with hooks, whose work with events alone is the
+    core's ``_take_new`` and the facade's ``_emit_block_removed_events``. Every call outside the fast case goes to the method of the
     vLLM class the manager's class extends (its ``_kvpool_base``)."""
     cdef ManagerPlan p = ManagerPlan.__new__(ManagerPlan)
     cdef _Group g
@@ -223,6 +226,11 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     p.core_caches = (
         p.pool_core is not None
         and getattr(type(pool), "cache_full_blocks", None) is pool_cache_full_blocks
+    )
+    p.core_news = (
+        p.pool_core is not None
+        and getattr(type(pool), "get_new_blocks", None) is PoolCore.get_new_blocks
+        and getattr(type(pool), "_get_new_blocks_with_hooks", None) is pool_new_blocks_with_hooks
     )
     p.waiting = request_status.WAITING
     p.preempted = request_status.PREEMPTED
@@ -689,7 +697,7 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         if nnew <= 0:
             new = []
         else:
-            new = p.pool.get_new_blocks(nnew)
+            new = _new_blocks(p, nnew)
             blocks.extend(new)
             if g.record_ids:
                 g.mgr.new_block_ids.extend([b.block_id for b in new])
@@ -700,6 +708,20 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         # min(main_tokens, request.num_tokens)
         _cache(p, request, rid, main_tokens, True)
     return p.kv_cache_blocks(result) if any_new else p.empty
+
+
+cdef list _new_blocks(ManagerPlan p, Py_ssize_t n):
+    # The pool's get_new_blocks(n) (n > 0, no more than its free blocks).
+    cdef PoolCore core
+    if p.core_news:
+        core = <PoolCore> p.pool_core
+        if core._events and not core._collector and not core._watchers:
+            removed = []
+            new = core._take_new(n, removed)
+            if PyList_GET_SIZE(removed):
+                p.pool._emit_block_removed_events(removed)
+            return new
+    return p.pool.get_new_blocks(n)
 
 
 cdef object _vllm_base(self, name):

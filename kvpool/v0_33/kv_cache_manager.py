@@ -108,6 +108,7 @@ class KVCacheManager(_vllm.KVCacheManager):
             zero_chunk_adopts=self._kvpool_zero_chunk_adopts,
             cap_attr=self._kvpool_cap_attr,
             pool_cache_full_blocks=_block_pool.BlockPoolMixin.cache_full_blocks,
+            pool_new_blocks_with_hooks=_block_pool.BlockPoolMixin._get_new_blocks_with_hooks,
         )
         self._kvpool_plan = plan
         #: ``None`` when the compiled paths serve this manager, else why not.
