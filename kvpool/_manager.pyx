@@ -148,8 +148,9 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     events, the core's ``_cache_run33`` does (called directly if the pool's
     class has it); ``pool_new_blocks_with_hooks``: the facade's
     ``get_new_blocks`` with hooks, whose work with events alone is the
-    core's ``_take_new`` and the facade's ``_emit_block_removed_events``. Every call outside the fast case goes to the method of the
-    vLLM class the manager's class extends (its ``_kvpool_base``)."""
+    core's ``_take_new`` and the facade's ``_emit_block_removed_events``.
+    Every call outside the fast case goes to the method of the vLLM class
+    the manager's class extends (its ``_kvpool_base``)."""
     cdef ManagerPlan p = ManagerPlan.__new__(ManagerPlan)
     cdef _Group g
     coordinator = manager.coordinator
@@ -169,12 +170,10 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
             return None, "groups over different pools"
         if getattr(mgr, "dcp_world_size", 1) != 1 or getattr(mgr, "pcp_world_size", 1) != 1:
             return None, "context parallelism"
-        if not PyDict_Check(mgr.req_to_blocks) or not PyDict_Check(mgr.num_cached_block) \
-                or not PyDict_Check(mgr._partial_hit_reqs):
-            return None, "request tables that are not dicts"
         g = _Group.__new__(_Group)
         g.mgr = mgr
-        _bind_tables(g)
+        if not _bind_tables(g):
+            return None, _NOT_DICTS
         g.block_size = mgr.block_size
         if g.block_size <= 0:
             return None, "a block size that is not positive"
@@ -259,11 +258,17 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     return p, None
 
 
-cdef int _bind_tables(_Group g) except -1:
-    g.rtb = g.mgr.req_to_blocks
-    g.ncb = g.mgr.num_cached_block
-    g.phr = g.mgr._partial_hit_reqs
-    return 0
+cdef str _NOT_DICTS = "request tables that are not dicts"
+
+
+cdef bint _bind_tables(_Group g) except -1:
+    # Bind the group's request tables if all three are dicts (what the
+    # compiled paths' PyDict calls need); False, binding nothing, if not.
+    rtb, ncb, phr = g.mgr.req_to_blocks, g.mgr.num_cached_block, g.mgr._partial_hit_reqs
+    if not (PyDict_Check(rtb) and PyDict_Check(ncb) and PyDict_Check(phr)):
+        return False
+    g.rtb, g.ncb, g.phr = rtb, ncb, phr
+    return True
 
 
 def refresh(self):
@@ -275,16 +280,13 @@ def refresh(self):
     if plan is None:
         return
     for g in (<ManagerPlan> plan).groups:
-        if g.mgr.req_to_blocks is not g.rtb or g.mgr.num_cached_block is not g.ncb \
-                or g.mgr._partial_hit_reqs is not g.phr:
-            if not (PyDict_Check(g.mgr.req_to_blocks) and PyDict_Check(g.mgr.num_cached_block)
-                    and PyDict_Check(g.mgr._partial_hit_reqs)):
-                # Out of the scope from now on: vLLM's code serves it.
-                self._kvpool_plan = None
-                self.coordinator._kvpool_plan = None
-                self.kvpool_fallback_reason = "request tables that are not dicts"
-                return
-            _bind_tables(g)
+        if (g.mgr.req_to_blocks is not g.rtb or g.mgr.num_cached_block is not g.ncb
+                or g.mgr._partial_hit_reqs is not g.phr) and not _bind_tables(g):
+            # Out of the scope from now on: vLLM's code serves it.
+            self._kvpool_plan = None
+            self.coordinator._kvpool_plan = None
+            self.kvpool_fallback_reason = _NOT_DICTS
+            return
 
 
 cdef Py_ssize_t _free_blocks(ManagerPlan p) except? -1:
