@@ -99,6 +99,27 @@ def test_release_table_claims_only_what_ci_runs():
                     entry.script, release)
 
 
+@needs_checkout
+def test_vllm_extra_admits_every_listed_release():
+    # ``pip install 'kvpool[vllm]'`` (what the refusal message tells a user
+    # to run) must accept every release a line lists and refuse the
+    # releases around them, so that pip never picks a vLLM kvpool refuses.
+    tomllib = pytest.importorskip("tomllib")
+    specifiers = pytest.importorskip("packaging.specifiers")
+    version = pytest.importorskip("packaging.version")
+    from kvpool.vllm import VLLM_LINES
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    [requirement] = pyproject["project"]["optional-dependencies"]["vllm"]
+    assert requirement.startswith("vllm")
+    spec = specifiers.SpecifierSet(requirement[len("vllm"):])
+    listed = [release for line in VLLM_LINES for release in line.releases]
+    refused = [release for release in listed if not spec.contains(version.Version(release))]
+    assert not refused, f"the vllm extra ({requirement}) refuses listed releases {refused}"
+    for outside in ("0.14.1", "0.33.0.post1", "0.33.1", "0.34.0"):
+        assert not spec.contains(version.Version(outside)), (requirement, outside)
+
+
 def _anchors(markdown: str) -> set[str]:
     # GitHub's heading anchors: lower case, punctuation but '-' and '_'
     # dropped, spaces to '-'.
