@@ -68,5 +68,7 @@ cdef class ManagerPlan:
     cdef Py_ssize_t n_cache_direct  # pool.cache_full_blocks called from here
     cdef Py_ssize_t n_cache_skips # cache_blocks with nothing to cache
     cdef Py_ssize_t n_lookups     # get_computed_blocks done here
+    cdef Py_ssize_t n_common      # get_num_common_prefix_blocks done here
     cdef bint lookup_direct       # get_computed_blocks in C (see plan_for)
+    cdef bint common_direct       # get_num_common_prefix_blocks in C (0.30, 0.31)
     cdef Py_ssize_t lookup_block_size

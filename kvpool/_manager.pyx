@@ -107,7 +107,8 @@ cdef class ManagerPlan:
         done in C (adopting no computed blocks, or adopting a prefix-cache
         hit) and handed to vLLM's method; caching steps (of both entry points) that called the
         coordinator, called the pool's ``cache_full_blocks`` from here, or
-        found nothing to cache; prefix-cache lookups done here."""
+        found nothing to cache; prefix-cache lookups and common-prefix counts
+        (0.30, 0.31) done here."""
         return {
             "fast": self.n_fast,
             "adopt": self.n_adopt,
@@ -116,6 +117,7 @@ cdef class ManagerPlan:
             "cache_direct": self.n_cache_direct,
             "cache_skips": self.n_cache_skips,
             "lookups": self.n_lookups,
+            "common_prefix": self.n_common,
         }
 
     def __repr__(self):
@@ -129,7 +131,7 @@ cdef class ManagerPlan:
 def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls, base_single,
              coordinator_classes, unitary_cls, hybrid_cls, bint cap_at_hashed, bint trims_null_head,
              bint has_prefill_end, bint zero_chunk_adopts, str cap_attr, pool_cache_full_blocks,
-             pool_new_blocks_with_hooks):
+             pool_new_blocks_with_hooks, common_prefix_blocks=None):
     """``(plan, None)`` if ``manager`` (a vLLM ``KVCacheManager``, built) is in
     the scope of these paths, else ``(None, reason)``.
 
@@ -149,6 +151,9 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     class has it); ``pool_new_blocks_with_hooks``: the facade's
     ``get_new_blocks`` with hooks, whose work with events alone is the
     core's ``_take_new`` and the facade's ``_emit_block_removed_events``.
+    ``common_prefix_blocks`` (0.30, 0.31): the coordinator base class's
+    ``get_num_common_prefix_blocks``, done here if the coordinator's class
+    has it (the one without prefix caching answers zeros itself).
     Every call outside the fast case goes to the method of the vLLM class
     the manager's class extends (its ``_kvpool_base``)."""
     cdef ManagerPlan p = ManagerPlan.__new__(ManagerPlan)
@@ -251,6 +256,10 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
         and type(g.mgr).find_longest_cache_hit.__func__ is full_cls.find_longest_cache_hit.__func__
     )
     p.lookup_block_size = g.block_size if g is not None else 1
+    p.common_direct = (
+        common_prefix_blocks is not None
+        and getattr(type(coordinator), "get_num_common_prefix_blocks", None) is common_prefix_blocks
+    )
     p.has_prefill_end = has_prefill_end
     p.zero_chunk_adopts = zero_chunk_adopts
     if p.hash_block_size <= 0:
@@ -993,6 +1002,42 @@ def take_new_block_ids(self):
         g.mgr.new_block_ids = []
         ids.extend(taken)
     return ids
+
+
+def get_num_common_prefix_blocks_0_30(self, running_request_id):
+    """vLLM 0.30's and 0.31's ``KVCacheManager.get_num_common_prefix_blocks``
+    (the scheduler calls it once a step): per group, how many leading blocks
+    of the request's table every request with blocks holds -- counted for a
+    full-attention group, 0 for a sliding-window one."""
+    cdef _Group g
+    cdef Py_ssize_t i, j, n
+    plan = self._kvpool_plan
+    if plan is None or not (<ManagerPlan> plan).common_direct:
+        return _vllm_base(self, "get_num_common_prefix_blocks")(self, running_request_id)
+    p = <ManagerPlan> plan
+    p.n_common += 1
+    counts = [0] * p.ngroups
+    for i in range(p.ngroups):
+        g = <_Group> p.groups[i]
+        if g.sliding:
+            continue
+        # Indexed as vLLM's does: an unknown id gets an empty table
+        # (req_to_blocks is a defaultdict) and counts 0.
+        blocks = g.rtb[running_request_id]
+        # vLLM reads the table count once per block; nothing here changes it.
+        holders = len(g.rtb)
+        j = 0
+        if PyList_CheckExact(blocks):
+            n = PyList_GET_SIZE(blocks)
+            while j < n and (<object> PyList_GET_ITEM(blocks, j)).ref_cnt == holders:
+                j += 1
+        else:
+            for block in blocks:
+                if block.ref_cnt != holders:
+                    break
+                j += 1
+        counts[i] = j
+    return counts
 
 
 def remove_skipped_blocks(self, request_id, processed_computed_tokens, num_prompt_tokens=None):

@@ -1,7 +1,11 @@
 """kvpool's ``KVCacheManager`` for vLLM 0.31: the 0.32 line's, but
-``allocate_slots`` has no ``skip_zeroing_group_ids``. Imports vLLM."""
+``allocate_slots`` has no ``skip_zeroing_group_ids``, and
+``get_num_common_prefix_blocks`` counts the blocks every request holds (0.32
+answers zeros): the scheduler calls it once a step. Imports vLLM."""
 
 from __future__ import annotations
+
+from vllm.v1.core import kv_cache_coordinator as _coordinator
 
 from .. import _manager
 from ..v0_32 import kv_cache_manager as _v0_32
@@ -13,3 +17,6 @@ __all__ = ["KVCacheBlocks", "KVCacheManager"]
 class KVCacheManager(_v0_32.KVCacheManager):
     __doc__ = _v0_32.KVCacheManager.__doc__
     allocate_slots = _manager.allocate_slots_0_30
+    get_num_common_prefix_blocks = _manager.get_num_common_prefix_blocks_0_30
+    #: The coordinator method that get_num_common_prefix_blocks does in C.
+    _kvpool_common_prefix_blocks = _coordinator.KVCacheCoordinator.get_num_common_prefix_blocks

@@ -86,6 +86,9 @@ class KVCacheManager(_vllm.KVCacheManager):
     _kvpool_zero_chunk_adopts = True
     #: A sliding-window manager's admission cap.
     _kvpool_cap_attr = "max_admission_blocks_per_request"
+    #: 0.30, 0.31: the coordinator's get_num_common_prefix_blocks that
+    #: kvpool's does in C (0.32 on: the manager answers zeros itself).
+    _kvpool_common_prefix_blocks = None
 
     @functools.wraps(_vllm.KVCacheManager.__init__)  # its signature, for callers that read it
     def __init__(self, *args, **kwargs) -> None:
@@ -109,6 +112,8 @@ class KVCacheManager(_vllm.KVCacheManager):
             cap_attr=self._kvpool_cap_attr,
             pool_cache_full_blocks=_block_pool.BlockPoolMixin.cache_full_blocks,
             pool_new_blocks_with_hooks=_block_pool.BlockPoolMixin._get_new_blocks_with_hooks,
+            # (read off the class: on the instance it would be a bound method)
+            common_prefix_blocks=type(self)._kvpool_common_prefix_blocks,
         )
         self._kvpool_plan = plan
         #: ``None`` when the compiled paths serve this manager, else why not.

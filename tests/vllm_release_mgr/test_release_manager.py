@@ -327,6 +327,10 @@ def test_kvpool_manager_against_vllm(workload: vw.Workload, request: pytest.Fixt
                     for g in workload.groups
                 ):
                     assert counts["cache_skips"] > 0, counts
+                # 0.30, 0.31: the scheduler's once-a-step common-prefix
+                # count (the driver asks it every step) is done in C.
+                if manager_class._kvpool_common_prefix_blocks is not None:
+                    assert counts["common_prefix"] > 0, counts
 
 
 def broken_manager(manager_class: type) -> type:
