@@ -102,8 +102,14 @@ summary() {  # the last line of the output, for .ci/vllm-own-all.sh
 
 # No kvpool line for the release: a loud failure (or, when told, a loud skip).
 # Else whether the kvpool run puts kvpool's manager in (the plugin decides
-# the same way): "manager" or "none".
-if [[ " $modes " == *" kvpool "* ]] && ! manager=$("$python" -c '
+# the same way): "manager" or "none"; "no-core" if the line has a manager
+# but the kvpool the tests import has no compiled core. Asked from a neutral
+# directory, so that the kvpool is the one the tests import (the
+# environment's, or PYTHONPATH's), not a source checkout in the current
+# directory: from CI's unbuilt checkout that answered "none", and vLLM's
+# own tests ran without kvpool's manager.
+if [[ " $modes " == *" kvpool "* ]] && ! manager=$(cd / && "$python" -c '
+import os
 import sys
 import kvpool
 from kvpool.vllm import UnsupportedVLLMVersionError, vllm_line
@@ -112,8 +118,14 @@ try:
     line = vllm_line(sys.argv[1])
 except UnsupportedVLLMVersionError:
     sys.exit(1)
-ours = line.manager is not None and manager_enabled() and kvpool.USING_EXTENSION
-print("manager" if ours else "none")' "$version"); then
+if line.manager is None or not manager_enabled():
+    print("none")
+elif kvpool.USING_EXTENSION:
+    print("manager")
+elif os.environ.get("KVPOOL_NO_EXTENSIONS", "").strip() not in ("", "0"):
+    print("none")  # asked for: the pure-Python core has no manager paths
+else:
+    print("no-core " + os.path.dirname(kvpool.__file__))' "$version"); then
     if [ "${KVPOOL_OWN_SKIP_MISSING:-}" = 1 ]; then
         echo "!!!!! vllm-own-tests: no kvpool line for vLLM $version: SKIPPED (KVPOOL_OWN_SKIP_MISSING=1) !!!!!" >&2
         summary "SKIPPED (no kvpool line)"
@@ -121,6 +133,13 @@ print("manager" if ours else "none")' "$version"); then
     fi
     echo "!!!!! vllm-own-tests: no kvpool line for vLLM $version (kvpool.vllm.VLLM_LINES) !!!!!" >&2
     summary "FAILED (no kvpool line)"
+    exit 1
+fi
+
+if [[ "${manager:-}" == no-core* ]]; then
+    echo "!!!!! vllm-own-tests: vLLM $version's line has kvpool's manager, but the kvpool" \
+        "the tests import (${manager#no-core }) has no compiled core !!!!!" >&2
+    summary "FAILED (no compiled core: kvpool's manager cannot be in)"
     exit 1
 fi
 
