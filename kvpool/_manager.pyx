@@ -1010,7 +1010,7 @@ def get_num_common_prefix_blocks_0_30(self, running_request_id):
     of the request's table every request with blocks holds -- counted for a
     full-attention group, 0 for a sliding-window one."""
     cdef _Group g
-    cdef Py_ssize_t i, j, n
+    cdef Py_ssize_t i, j
     plan = self._kvpool_plan
     if plan is None or not (<ManagerPlan> plan).common_direct:
         return _vllm_base(self, "get_num_common_prefix_blocks")(self, running_request_id)
@@ -1027,15 +1027,11 @@ def get_num_common_prefix_blocks_0_30(self, running_request_id):
         # vLLM reads the table count once per block; nothing here changes it.
         holders = len(g.rtb)
         j = 0
-        if PyList_CheckExact(blocks):
-            n = PyList_GET_SIZE(blocks)
-            while j < n and (<object> PyList_GET_ITEM(blocks, j)).ref_cnt == holders:
-                j += 1
-        else:
-            for block in blocks:
-                if block.ref_cnt != holders:
-                    break
-                j += 1
+        # (Cython walks a list here by index itself.)
+        for block in blocks:
+            if block.ref_cnt != holders:
+                break
+            j += 1
         counts[i] = j
     return counts
 
