@@ -63,7 +63,7 @@ def test_release_table_has_a_row_per_release_and_follows_install():
     releases = [row[0] for row in rows]
     assert releases[0] == "0.15.0" and releases[-1] == "0.33.0" and len(releases) == 28
     assert len(set(releases)) == len(releases)
-    for release, line_text, tested in rows:
+    for release, line_text, tested, _ in rows:
         try:
             line = vllm_line(release)
         except UnsupportedVLLMVersionError:
@@ -73,12 +73,13 @@ def test_release_table_has_a_row_per_release_and_follows_install():
             # The lines with a KV-cache manager name it (what install() puts in).
             assert (f"manager `{line.manager}`" in line_text) == bool(line.manager), release
     # Every release a line lists has its row, under that line.
-    line_of = {release: line_text for release, line_text, _ in rows}
+    line_of = {release: line_text for release, line_text, *_ in rows}
     for line in VLLM_LINES:
         for release in line.releases:
             assert line_of[release].startswith(f"{line.name} "), (line.name, release)
-    # Every listed release is run by some CI suite.
-    assert all(tested != "not run in CI" for *_, tested in rows), rows
+    # Every listed release is run by some suite in every CI run, not only in
+    # the full run.
+    assert all(gate != "—" for _, _, gate, _ in rows), rows
 
 
 @needs_checkout
@@ -86,11 +87,16 @@ def test_release_table_claims_only_what_ci_runs():
     # Each suite's script runs in CI (.ci/run calls it, directly or through
     # .ci/vllm-tests.sh), and a release a script is said to run by name is
     # named in it; "all" and "newest" the scripts compute from VLLM_LINES.
+    # .ci/run passes each script the releases of its mode through
+    # `release_table.py --releases SCRIPT`, and a gate's releases are a
+    # subset of the full run's (suite_releases raises otherwise).
     release_table = _release_table()
     run = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "tools/release_table.py --releases" in run
     for entry in release_table.TESTED:
         script = (ROOT / entry.script).read_text(encoding="utf-8")
-        assert Path(entry.script).name in run, entry.script
+        assert f"releases {entry.script})" in run, entry.script
+        assert release_table.suite_releases(entry, False), entry.suite
         if entry.releases in ("all", "newest"):
             assert "VLLM_LINES" in script, entry.script
         else:

@@ -13,6 +13,8 @@ a line is added, rewrite the README:
     python tools/release_table.py            # print the table
     python tools/release_table.py --write    # put it into README.md
     python tools/release_table.py --check    # exit 1 if README.md's differs
+    python tools/release_table.py --releases .ci/vllm-own-all.sh [--full]
+                                             # what .ci/run passes that script
 
 ``tests/test_readme.py`` fails while the README's table differs from this
 one, while a suite's script is not run by ``.ci/run``, and while ``TESTED``
@@ -44,10 +46,16 @@ class Tested:
     checks: str
     #: The CI script that runs it (``.ci/run`` calls it).
     script: str
-    #: Which releases the script runs by default: ``"all"`` (every release
-    #: in ``VLLM_LINES``), ``"newest"`` (the newest release of each line), or
-    #: the releases the script names.
+    #: Which releases the script runs by default, which is what the full run
+    #: (``.ci/run --full``) runs: ``"all"`` (every release in ``VLLM_LINES``),
+    #: ``"newest"`` (the newest release of each line), or the releases the
+    #: script names.
     releases: str | tuple[str, ...]
+    #: Which of them every CI run (``.ci/run``) runs: a selector as above,
+    #: ``"managers"`` (the newest release of each line with a KV-cache
+    #: manager), or releases named here. ``.ci/run`` reads it through
+    #: ``--releases``, so the table and CI cannot disagree.
+    gate: str | tuple[str, ...]
 
 
 #: Every suite CI runs against real vLLM releases, in the table's order.
@@ -60,6 +68,7 @@ TESTED: tuple[Tested, ...] = (
         "metrics); deliberately broken pools must be caught",
         ".ci/vllm-release-tests.sh",
         "all",
+        "all",
     ),
     Tested(
         "manager",
@@ -69,6 +78,7 @@ TESTED: tuple[Tested, ...] = (
         "traces; a hypothesis state machine of the two managers; a deliberately broken "
         "manager must be caught",
         ".ci/vllm-mgr-all.sh",
+        "newest",
         "newest",
     ),
     Tested(
@@ -80,6 +90,7 @@ TESTED: tuple[Tested, ...] = (
         "([docs/vllm-integration.md](docs/vllm-integration.md#vllms-own-tests))",
         ".ci/vllm-own-all.sh",
         "newest",
+        "managers",
     ),
     Tested(
         "`tests/vllm`",
@@ -87,12 +98,14 @@ TESTED: tuple[Tested, ...] = (
         "spawned processes, the version refusal, the hasher, the manager driver",
         ".ci/vllm-tests.sh",
         ("0.15.1", "0.16.0"),
+        ("0.16.0",),
     ),
     Tested(
         "`tests/vllm33`",
         "the 0.33 pool and manager differential tests, the plugin through vLLM's loader, "
         "the hasher",
         ".ci/vllm-tests.sh",
+        ("0.33.0",),
         ("0.33.0",),
     ),
     Tested(
@@ -107,19 +120,45 @@ TESTED: tuple[Tested, ...] = (
         "caught",
         ".ci/vllm-engine-tests.sh",
         ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0"),
+        ("0.32.0",),
     ),
 )
 
 
-def suite_releases(entry: Tested) -> tuple[str, ...]:
-    """The releases ``entry``'s script runs by default."""
+def _select(selector: str | tuple[str, ...]) -> tuple[str, ...]:
     from kvpool.vllm import VLLM_LINES
 
-    if entry.releases == "all":
+    if selector == "all":
         return tuple(r for line in VLLM_LINES for r in line.releases)
-    if entry.releases == "newest":
+    if selector == "newest":
         return tuple(line.releases[-1] for line in VLLM_LINES)
-    return tuple(entry.releases)
+    if selector == "managers":
+        return tuple(line.releases[-1] for line in VLLM_LINES if line.manager)
+    if isinstance(selector, str):
+        raise ValueError(f"unknown release selector {selector!r}")
+    return tuple(selector)
+
+
+def suite_releases(entry: Tested, full: bool = True) -> tuple[str, ...]:
+    """The releases ``entry``'s script runs: by default (``full``, what
+    ``.ci/run --full`` runs), or in every CI run (``full=False``)."""
+    if full:
+        return _select(entry.releases)
+    gate = _select(entry.gate)
+    outside = sorted(set(gate) - set(_select(entry.releases)))
+    if outside:
+        raise ValueError(f"{entry.suite}: every CI run would run {outside}, the full run not")
+    return gate
+
+
+def script_releases(script: str, full: bool = True) -> tuple[str, ...]:
+    """The releases the script ``script`` runs, over every suite it runs,
+    oldest first (``.ci/vllm-tests.sh`` runs two)."""
+    found = [e for e in TESTED if script in (e.script, Path(e.script).name)]
+    if not found:
+        raise ValueError(f"{script!r} runs no suite of the table")
+    runs = {r for e in found for r in suite_releases(e, full)}
+    return tuple(sorted(runs, key=lambda v: tuple(int(x) for x in v.split("."))))
 
 
 def releases() -> list[str]:
@@ -128,13 +167,18 @@ def releases() -> list[str]:
     return sorted(found, key=lambda v: tuple(int(x) for x in v.split(".")))
 
 
-def tested(release: str) -> str:
-    suites = [entry.suite for entry in TESTED if release in suite_releases(entry)]
-    return ", ".join(suites) if suites else "not run in CI"
+def tested(release: str, full: bool) -> str:
+    """The suites run against ``release``: in every CI run, or (``full``)
+    in the full run only."""
+    suites = [entry.suite for entry in TESTED
+              if release in suite_releases(entry, full)
+              and (not full or release not in suite_releases(entry, False))]
+    return ", ".join(suites) if suites else "—"
 
 
-def rows() -> list[tuple[str, str, str]]:
-    """(release, kvpool line, what CI tests) for every pinned release."""
+def rows() -> list[tuple[str, str, str, str]]:
+    """(release, kvpool line, what every CI run tests, what the full run
+    adds) for every pinned release."""
     from kvpool.vllm import UnsupportedVLLMVersionError, vllm_line
 
     out = []
@@ -143,18 +187,23 @@ def rows() -> list[tuple[str, str, str]]:
             line = vllm_line(release)
         except UnsupportedVLLMVersionError:
             nearest = vllm_line(release, force=True)
-            out.append((release, f"refused (`force`: the {nearest.name} line)", "—"))
+            out.append((release, f"refused (`force`: the {nearest.name} line)", "—", "—"))
             continue
         manager = f", manager `{line.manager}`" if line.manager else ""
-        out.append((release, f"{line.name} (`{line.module}`){manager}", tested(release)))
+        out.append((release, f"{line.name} (`{line.module}`){manager}",
+                    tested(release, False), tested(release, True)))
     return out
 
 
 def table() -> str:
     """The table and what its test names mean, as they stand in the README
     between the markers."""
-    lines = ["| vLLM | kvpool line | what CI tests against it |", "|---|---|---|"]
-    lines += [f"| {release} | {line} | {what} |" for release, line, what in rows()]
+    lines = ["| vLLM | kvpool line | every CI run tests | the full run adds |",
+             "|---|---|---|---|"]
+    lines += [f"| {release} | {line} | {gate} | {full} |" for release, line, gate, full in rows()]
+    lines.append("")
+    lines.append("Every CI run (`.ci/run`) runs the first set, the full run (`.ci/run --full`, "
+                 "[docs/ci.md](docs/ci.md)) both.")
     lines.append("")
     for entry in TESTED:
         lines.append(f"- {entry.suite}: {entry.checks}.")
@@ -181,8 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--write", action="store_true", help="rewrite README.md's table")
     group.add_argument("--check", action="store_true",
                        help="exit 1 if README.md's table differs from the generated one")
+    group.add_argument("--releases", metavar="SCRIPT",
+                       help="print the releases SCRIPT (e.g. .ci/vllm-own-all.sh) runs in "
+                            "every CI run, or with --full in the full run, one line")
+    p.add_argument("--full", action="store_true", help="with --releases: the full run's")
     a = p.parse_args(argv)
-    if a.write:
+    if a.releases:
+        print(" ".join(script_releases(a.releases, a.full)))
+    elif a.write:
         README.write_text(write(README.read_text(encoding="utf-8")), encoding="utf-8")
     elif a.check:
         if readme_table(README.read_text(encoding="utf-8")) != table():
