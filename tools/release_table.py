@@ -158,13 +158,17 @@ def script_releases(script: str, full: bool = True) -> tuple[str, ...]:
     if not found:
         raise ValueError(f"{script!r} runs no suite of the table")
     runs = {r for e in found for r in suite_releases(e, full)}
-    return tuple(sorted(runs, key=lambda v: tuple(int(x) for x in v.split("."))))
+    return tuple(sorted(runs, key=_version_key))
+
+
+def _version_key(release: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in release.split("."))
 
 
 def releases() -> list[str]:
     """Every vLLM release pinned for CI, oldest first."""
     found = set(re.findall(r"\bvllm-(\d+\.\d+\.\d+)[-.]", PINS.read_text(encoding="utf-8")))
-    return sorted(found, key=lambda v: tuple(int(x) for x in v.split(".")))
+    return sorted(found, key=_version_key)
 
 
 def tested(release: str, full: bool) -> str:
