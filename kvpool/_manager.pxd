@@ -60,6 +60,13 @@ cdef class ManagerPlan:
     # facade's: with events on (no metrics, no watchers) the core's
     # _take_new, then the facade's BlockRemoved events.
     cdef bint core_news
+    # With events on, a plain request's BlockStored is built here (see
+    # _plain_stored): the pool class's event class, the keywords its
+    # builder passes (a tuple, for the vectorcall) and what each one is.
+    cdef object stored_cls        # None: the pool's own builder always
+    cdef object stored_kwnames
+    cdef int stored_codes[16]
+    cdef bint stored_lookahead    # 0.33: lookahead hashing off is checked per event
     # How the calls went, for tests and benchmarks (``ManagerPlan.counts``).
     cdef Py_ssize_t n_fast        # allocate_slots done here, adopting nothing
     cdef Py_ssize_t n_adopt       # ... adopting a prefix-cache hit
@@ -67,6 +74,7 @@ cdef class ManagerPlan:
     cdef Py_ssize_t n_cache_calls # coordinator.cache_blocks called from here
     cdef Py_ssize_t n_cache_direct  # pool.cache_full_blocks called from here
     cdef Py_ssize_t n_cache_skips # cache_blocks with nothing to cache
+    cdef Py_ssize_t n_plain_events  # BlockStored events built here
     cdef Py_ssize_t n_lookups     # get_computed_blocks done here
     cdef Py_ssize_t n_common      # get_num_common_prefix_blocks done here
     cdef bint lookup_direct       # get_computed_blocks in C (see plan_for)

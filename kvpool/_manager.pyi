@@ -24,6 +24,7 @@ def plan_for(
     cap_attr: str,
     pool_cache_full_blocks: Any,
     pool_new_blocks_with_hooks: Any,
+    pool_event_extra_keys: Any | None = None,
     common_prefix_blocks: Any | None = None,
 ) -> tuple[ManagerPlan, None] | tuple[None, str]: ...
 def refresh(self: Any) -> None: ...

@@ -55,6 +55,8 @@ cdef extern from "Python.h":
     bint PyTuple_CheckExact(object o)
     bint PyDict_Check(object o)
     Py_ssize_t PyLong_AsSsize_t(object o) except? -1
+    Py_ssize_t PyTuple_GET_SIZE(object o)
+    object PyObject_Vectorcall(object callable, PyObject **args, size_t nargsf, object kwnames)
 
 
 # Largest count taken by the fast path; anything larger goes to vLLM's code
@@ -108,7 +110,8 @@ cdef class ManagerPlan:
         hit) and handed to vLLM's method; caching steps (of both entry points) that called the
         coordinator, called the pool's ``cache_full_blocks`` from here, or
         found nothing to cache; prefix-cache lookups and common-prefix counts
-        (0.30, 0.31) done here."""
+        (0.30, 0.31) done here; ``BlockStored`` events of plain requests
+        built here."""
         return {
             "fast": self.n_fast,
             "adopt": self.n_adopt,
@@ -118,6 +121,7 @@ cdef class ManagerPlan:
             "cache_skips": self.n_cache_skips,
             "lookups": self.n_lookups,
             "common_prefix": self.n_common,
+            "plain_events": self.n_plain_events,
         }
 
     def __repr__(self):
@@ -131,7 +135,7 @@ cdef class ManagerPlan:
 def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls, base_single,
              coordinator_classes, unitary_cls, hybrid_cls, bint cap_at_hashed, bint trims_null_head,
              bint has_prefill_end, bint zero_chunk_adopts, str cap_attr, pool_cache_full_blocks,
-             pool_new_blocks_with_hooks, common_prefix_blocks=None):
+             pool_new_blocks_with_hooks, pool_event_extra_keys=None, common_prefix_blocks=None):
     """``(plan, None)`` if ``manager`` (a vLLM ``KVCacheManager``, built) is in
     the scope of these paths, else ``(None, reason)``.
 
@@ -150,7 +154,9 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     events, the core's ``_cache_run33`` does (called directly if the pool's
     class has it); ``pool_new_blocks_with_hooks``: the facade's
     ``get_new_blocks`` with hooks, whose work with events alone is the
-    core's ``_take_new`` and the facade's ``_emit_block_removed_events``.
+    core's ``_take_new`` and the facade's ``_emit_block_removed_events``;
+    ``pool_event_extra_keys``: the facade's ``_event_extra_keys``, whose
+    plain-request case (``None`` per block) ``_plain_stored`` relies on.
     ``common_prefix_blocks`` (0.30, 0.31): the coordinator base class's
     ``get_num_common_prefix_blocks``, done here if the coordinator's class
     has it (the one without prefix caching answers zeros itself).
@@ -236,6 +242,7 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
         and getattr(type(pool), "get_new_blocks", None) is PoolCore.get_new_blocks
         and getattr(type(pool), "_get_new_blocks_with_hooks", None) is pool_new_blocks_with_hooks
     )
+    _plan_stored_events(p, pool, pool_event_extra_keys)
     p.waiting = request_status.WAITING
     p.preempted = request_status.PREEMPTED
     p.max_model_len = manager.max_model_len
@@ -265,6 +272,44 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     if p.hash_block_size <= 0:
         return None, "a hash block size that is not positive"
     return p, None
+
+
+# What each keyword of a plain request's BlockStored is (_plain_stored).
+cdef dict _STORED_CODES = {
+    "block_hashes": 0, "parent_block_hash": 1, "token_ids": 2, "block_size": 3,
+    "group_idx": 4, "medium": 5, "session_id": 6, "extra_keys": 7,
+    "lora_id": 8, "lora_name": 8, "lookahead_token_ids": 8,  # None
+}
+
+
+cdef int _plan_stored_events(ManagerPlan p, object pool, object extra_keys) except -1:
+    # Whether _core_caches builds a plain request's BlockStored itself: the
+    # core caches, and the pool's builder and lookahead are defined by one
+    # class that lists the builder's keywords, its extra keys the facade's.
+    cdef Py_ssize_t i
+    p.stored_cls = None
+    if not p.core_caches or extra_keys is None:
+        return 0
+    cls = type(pool)
+    if getattr(cls, "_event_extra_keys", None) is not extra_keys:
+        return 0
+    for k in cls.__mro__:
+        if "_build_block_stored_event" in k.__dict__:
+            break
+    else:
+        return 0
+    names = k.__dict__.get("_PLAIN_STORED_KEYWORDS")
+    if "_event_lookahead" not in k.__dict__ or type(names) is not tuple or len(names) > 16:
+        return 0
+    for i in range(len(names)):
+        code = _STORED_CODES.get(names[i])
+        if code is None:
+            return 0
+        p.stored_codes[i] = code
+    p.stored_kwnames = names
+    p.stored_lookahead = "lookahead_token_ids" in names
+    p.stored_cls = pool._BlockStored
+    return 0
 
 
 cdef str _NOT_DICTS = "request tables that are not dicts"
@@ -463,6 +508,11 @@ cdef int _core_caches(ManagerPlan p, _Group g, object request, object blocks,
         h = _event_hash(<object> PyList_GET_ITEM(stored, i), use_int)
         Py_INCREF(h)
         PyList_SET_ITEM(converted, i, h)
+    if p.stored_cls is not None and _plain(p, pool, request):
+        pool.kv_event_queue.append(_plain_stored(
+            p, pool, request, converted, parent, cached * bs, full * bs, bs, g.group_id))
+        p.n_plain_events += 1
+        return 0
     indices = [i for i in range(cached, full) if not blocks[i].is_null]
     pool.kv_event_queue.append(pool._build_block_stored_event(
         request,
@@ -607,6 +657,51 @@ cdef int _adopt(ManagerPlan p, object rid, object blocks, Py_ssize_t num_local_c
 
 
 # The marker of "not decided here": the caller hands the call to vLLM.
+cdef bint _plain(ManagerPlan p, object pool, object request) except -1:
+    # The request has no extra keys (the facade's _event_extra_keys gives
+    # None per block) and no lookahead tokens (its _event_lookahead None).
+    if p.stored_lookahead and getattr(pool, "num_hash_lookahead_tokens", 0):
+        return False
+    return not (
+        request.lora_request
+        or request.mm_features
+        or request.cache_salt
+        or request.prompt_embeds is not None
+    )
+
+
+cdef object _plain_stored(ManagerPlan p, object pool, object request, list hashes,
+                          object parent, Py_ssize_t start, Py_ssize_t end,
+                          Py_ssize_t block_size, Py_ssize_t group_id):
+    # The line's _build_block_stored_event for a plain request, its
+    # keywords in its order: the hashes (already converted), the parent,
+    # the tokens the blocks hold, the block size, the group, the medium, the
+    # session id, None per block as extra keys (None for no block), and
+    # None for LoRA and lookahead.
+    cdef PyObject *values[16]   # borrowed: every value is held by a local below
+    cdef Py_ssize_t i, n = PyTuple_GET_SIZE(p.stored_kwnames)
+    # (typed: an untyped local assigned a C integer would be one)
+    cdef object tokens = request.all_token_ids[start:end]
+    cdef object size = block_size
+    cdef object gid = group_id
+    cdef object medium = pool._event_medium
+    cdef object session = request.session_id
+    cdef object extra = [None] * PyList_GET_SIZE(hashes) if PyList_GET_SIZE(hashes) else None
+    cdef PyObject *by_code[9]   # in _STORED_CODES' order
+    by_code[0] = <PyObject *> hashes
+    by_code[1] = <PyObject *> parent
+    by_code[2] = <PyObject *> tokens
+    by_code[3] = <PyObject *> size
+    by_code[4] = <PyObject *> gid
+    by_code[5] = <PyObject *> medium
+    by_code[6] = <PyObject *> session
+    by_code[7] = <PyObject *> extra
+    by_code[8] = <PyObject *> None
+    for i in range(n):
+        values[i] = by_code[p.stored_codes[i]]  # a code is 0..8 (_plan_stored_events)
+    return PyObject_Vectorcall(p.stored_cls, values, 0, p.stored_kwnames)
+
+
 cdef object _VLLM = object()
 
 

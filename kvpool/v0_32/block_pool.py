@@ -61,6 +61,10 @@ class BlockPoolMixin(_v0_33.BlockPoolMixin):
     def _event_lookahead(self, request: Any, block_ends: Iterable[int]) -> None:
         return None
 
+    _PLAIN_STORED_KEYWORDS = tuple(
+        k for k in _v0_33.BlockPoolMixin._PLAIN_STORED_KEYWORDS if k != "lookahead_token_ids"
+    )
+
     def _build_block_stored_event(
         self,
         request: Any,

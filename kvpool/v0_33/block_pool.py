@@ -255,6 +255,19 @@ class BlockPoolMixin(_PoolCoreBase):
             )
         return generate_block_hash_extra_keys(request, start, end, start_mm_idx)
 
+    # The keywords _build_block_stored_event (of the class that defines
+    # both) passes, in its order. For a plain request -- no LoRA, multimodal
+    # items, cache salt or prompt embeddings, lookahead hashing off -- every
+    # one not taken from the blocks is None but the medium and the session
+    # id, and kvpool's manager builds the event in C from this list
+    # (``kvpool._manager``; a subclass that overrides the builder, its extra
+    # keys or its lookahead keeps this Python path).
+    _PLAIN_STORED_KEYWORDS: tuple[str, ...] = (
+        "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+        "medium", "lora_name", "extra_keys", "group_idx", "session_id",
+        "lookahead_token_ids",
+    )
+
     def _build_block_stored_event(
         self,
         request: Any,

@@ -112,6 +112,7 @@ class KVCacheManager(_vllm.KVCacheManager):
             cap_attr=self._kvpool_cap_attr,
             pool_cache_full_blocks=_block_pool.BlockPoolMixin.cache_full_blocks,
             pool_new_blocks_with_hooks=_block_pool.BlockPoolMixin._get_new_blocks_with_hooks,
+            pool_event_extra_keys=_block_pool.BlockPoolMixin._event_extra_keys,
             # (read off the class: on the instance it would be a bound method)
             common_prefix_blocks=type(self)._kvpool_common_prefix_blocks,
         )

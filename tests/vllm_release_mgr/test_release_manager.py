@@ -323,6 +323,11 @@ def test_kvpool_manager_against_vllm(workload: vw.Workload, request: pytest.Fixt
                     ("full", workload.hash_block_size)
                 ]:
                     assert counts["lookups"] > 0, counts
+                    # ... and with events, the BlockStored of a request
+                    # without LoRA is built in C (every 7th has one: the
+                    # line's own builder).
+                    if workload.enable_events:
+                        assert counts["plain_events"] > 0, counts
                 # A full-attention block larger than the hash block may
                 # register a partial tail on any step: vLLM's code decides.
                 if not any(
