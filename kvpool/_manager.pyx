@@ -54,28 +54,36 @@ cdef extern from "Python.h":
     bint PyList_CheckExact(object o)
     bint PyTuple_CheckExact(object o)
     bint PyDict_Check(object o)
-    Py_ssize_t PyLong_AsSsize_t(object o) except? -1
+    long long PyLong_AsLongLongAndOverflow(object o, int *overflow)
+    PyObject *PyErr_Occurred()
     Py_ssize_t PyTuple_GET_SIZE(object o)
     object PyObject_Vectorcall(object callable, PyObject **args, size_t nargsf, object kwnames)
 
 
 # Largest count taken by the fast path; anything larger goes to vLLM's code
-# (so no sum below can overflow).
-DEF MAX_COUNT = 1 << 40
+# (so no sum below can overflow). A C constant: a DEF is a Python int to
+# Cython 3, and every comparison with it boxed the count.
+cdef extern from *:
+    """
+    #define KVPOOL_MAX_COUNT (((long long) 1) << 40)
+    """
+    const long long MAX_COUNT "KVPOOL_MAX_COUNT"
 
 
 cdef inline bint _count(object o, Py_ssize_t *out) except -1:
-    """``o`` is an exact int in [-MAX_COUNT, MAX_COUNT]: store it, True."""
-    cdef Py_ssize_t v
+    """``o`` is an exact int in [-MAX_COUNT, MAX_COUNT]: store it, True.
+    Called several times on every decode step: no exception is raised and
+    caught for a large int (``overflow`` says so), no object is made."""
+    cdef int overflow = 0
+    cdef long long v
     if not PyLong_CheckExact(o):
         return False
-    try:
-        v = PyLong_AsSsize_t(o)
-    except OverflowError:
+    v = PyLong_AsLongLongAndOverflow(o, &overflow)
+    if v == -1 and not overflow and PyErr_Occurred():  # not for an exact int
+        return -1
+    if overflow or v < -MAX_COUNT or v > MAX_COUNT:
         return False
-    if v < -MAX_COUNT or v > MAX_COUNT:
-        return False
-    out[0] = v
+    out[0] = <Py_ssize_t> v
     return True
 
 
@@ -714,7 +722,8 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     cdef ManagerPlan p
     cdef _Group g
     cdef Py_ssize_t new_tokens, new_computed, lookahead, reserved, computed, watermark = 0
-    cdef Py_ssize_t full_tokens, need, main_tokens, processed, required, i, nnew, zero
+    cdef Py_ssize_t full_tokens, need, main_tokens, processed, required, i, nnew, zero, total
+    cdef bint any_new
     plan = self._kvpool_plan
     if (
         plan is None
@@ -1156,7 +1165,7 @@ def coordinator_get_num_blocks_to_allocate(self, request_id, num_tokens, new_com
     0.31's ``prefill_end``, only matter to Mamba groups): in C when no group
     has new computed blocks."""
     cdef ManagerPlan p
-    cdef Py_ssize_t tokens, total, required = 0
+    cdef Py_ssize_t tokens = 0, total = 0, required = 0
     plan = self._kvpool_plan
     if plan is None:
         return type(self).get_num_blocks_to_allocate(
