@@ -664,7 +664,6 @@ cdef int _adopt(ManagerPlan p, object rid, object blocks, Py_ssize_t num_local_c
     return 0
 
 
-# The marker of "not decided here": the caller hands the call to vLLM.
 cdef bint _plain(ManagerPlan p, object pool, object request) except -1:
     # The request has no extra keys (the facade's _event_extra_keys gives
     # None per block) and no lookahead tokens (its _event_lookahead None).
@@ -710,6 +709,7 @@ cdef object _plain_stored(ManagerPlan p, object pool, object request, list hashe
     return PyObject_Vectorcall(p.stored_cls, values, 0, p.stored_kwnames)
 
 
+# The marker of "not decided here": the caller hands the call to vLLM.
 cdef object _VLLM = object()
 
 
