@@ -39,7 +39,8 @@ from cpython.dict cimport PyDict_Contains, PyDict_GetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.object cimport PyObject, PyObject_GetItem
 from cpython.ref cimport Py_INCREF
-from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_New, PyTuple_SET_ITEM
+from cpython.exc cimport PyErr_Occurred
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
 from cpython.long cimport PyLong_FromUnsignedLongLong
@@ -55,8 +56,6 @@ cdef extern from "Python.h":
     bint PyTuple_CheckExact(object o)
     bint PyDict_Check(object o)
     long long PyLong_AsLongLongAndOverflow(object o, int *overflow)
-    PyObject *PyErr_Occurred()
-    Py_ssize_t PyTuple_GET_SIZE(object o)
     object PyObject_Vectorcall(object callable, PyObject **args, size_t nargsf, object kwnames)
 
 
@@ -667,6 +666,8 @@ cdef int _adopt(ManagerPlan p, object rid, object blocks, Py_ssize_t num_local_c
 cdef bint _plain(ManagerPlan p, object pool, object request) except -1:
     # The request has no extra keys (the facade's _event_extra_keys gives
     # None per block) and no lookahead tokens (its _event_lookahead None).
+    # The four fields are _event_extra_keys' test in kvpool/v0_33/
+    # block_pool.py: change both together.
     if p.stored_lookahead and getattr(pool, "num_hash_lookahead_tokens", 0):
         return False
     return not (

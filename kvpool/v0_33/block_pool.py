@@ -224,7 +224,8 @@ class BlockPoolMixin(_PoolCoreBase):
             and request.prompt_embeds is None
         ):
             # A plain request: no block has extra keys (the common case,
-            # without a generator call per block).
+            # without a generator call per block). kvpool/_manager.pyx's
+            # _plain tests the same four fields: change both together.
             return [None] * len(block_indices)
         keys_list = []
         mm_idx = 0
