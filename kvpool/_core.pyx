@@ -27,6 +27,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_Check, PyBytes_FromStringA
 from cpython.dict cimport PyDict_DelItem, PyDict_GetItem, PyDict_Next, PyDict_SetItem, PyDict_Size
 from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.long cimport PyLong_FromUnsignedLong, PyLong_FromUnsignedLongLong
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from cpython.sequence cimport PySequence_Fast, PySequence_Fast_GET_ITEM, PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
@@ -47,6 +48,7 @@ cdef extern from "Python.h":
     void Py_SET_SIZE(object o, Py_ssize_t size)
     bint PyList_CheckExact(object o)
     bint PyTuple_CheckExact(object o)
+    object PyObject_Vectorcall(object callable, PyObject **args, size_t nargsf, object kwnames)
 
 cdef enum:
     _NULL = 1       # the pool's null block
@@ -60,6 +62,10 @@ cdef enum:
     _FREE_OFF_BACK = 2
 
 from kvpool._rules import free_caching_off_rule as _free_caching_off_rule
+
+# The keywords of a BlockRemoved event (PoolCore._removed_events).
+cdef tuple _REMOVED_KW = ("block_hashes", "medium")
+cdef tuple _REMOVED_GROUP_KW = ("block_hashes", "medium", "group_idx")
 
 DEF GROUP_ID_BYTES = 4
 # ``block_hash_num_tokens`` of a block without one (vLLM's None).
@@ -1566,6 +1572,55 @@ cdef class PoolCore:
         ``removed`` (kvpool's compiled manager, with events on and no
         metrics or reuse watchers, then queues their BlockRemoved)."""
         return _allocate(self.st, num_blocks, self._caching, self._map, removed, self._by_block)
+
+    def _removed_events(self, cls, list keys not None, medium, bint with_group, bint use_int):
+        """The facades' ``BlockRemoved`` events for evicted ``keys``, in order,
+        without a Python call per key: one ``cls(block_hashes=[h],
+        medium=medium)`` per key, with ``group_idx=`` the key's group id
+        (its last four bytes, unsigned big-endian) when ``with_group``. ``h``
+        is the key's block hash (the key less those four bytes) as
+        kvpool.hashing.convert_block_hashes gives it: the low 64 bits of its
+        big-endian value (its last eight bytes) when ``use_int``, else the
+        bytes. Every key must be bytes (checked before any event is built)."""
+        cdef Py_ssize_t i, k, size, hsize, n = PyList_GET_SIZE(keys)
+        cdef const unsigned char *c
+        cdef unsigned long long v
+        cdef unsigned long gid
+        cdef PyObject *args[3]   # borrowed: each is held by a local below
+        cdef object h, group = None, hashes
+        for i in range(n):
+            if not _is_bytes(PyList_GET_ITEM(keys, i)):
+                raise TypeError(
+                    f"an evicted key must be bytes, got {type(keys[i]).__name__}")
+        kwnames = _REMOVED_GROUP_KW if with_group else _REMOVED_KW
+        out = PyList_New(0)
+        for i in range(n):
+            key = <object> PyList_GET_ITEM(keys, i)
+            c = <const unsigned char *> PyBytes_AS_STRING(key)
+            size = PyBytes_GET_SIZE(key)
+            hsize = size - GROUP_ID_BYTES if size > GROUP_ID_BYTES else 0
+            if use_int:
+                v = 0
+                k = hsize - 8 if hsize > 8 else 0
+                while k < hsize:
+                    v = (v << 8) | c[k]
+                    k += 1
+                h = PyLong_FromUnsignedLongLong(v)
+            else:
+                h = PyBytes_FromStringAndSize(<const char *> c, hsize)
+            hashes = [h]
+            args[0] = <PyObject *> hashes
+            args[1] = <PyObject *> medium
+            if with_group:
+                gid = 0
+                k = size - GROUP_ID_BYTES if size > GROUP_ID_BYTES else 0
+                while k < size:
+                    gid = (gid << 8) | c[k]
+                    k += 1
+                group = PyLong_FromUnsignedLong(gid)
+                args[2] = <PyObject *> group
+            PyList_Append(out, PyObject_Vectorcall(cls, args, 0, kwnames))
+        return out
 
     def touch(self, blocks):
         """Take a reference on each block of a prefix-cache hit; a free

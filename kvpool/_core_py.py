@@ -805,6 +805,30 @@ class PoolCore:
             return self._get_new_blocks_with_hooks(num_blocks)
         return self._allocate(num_blocks, self.enable_caching, None)
 
+    def _removed_events(
+        self, cls: Any, keys: list[bytes], medium: Any, with_group: bool, use_int: bool
+    ) -> list[Any]:
+        """The facades' ``BlockRemoved`` events for evicted ``keys``, in
+        order (see the compiled core's docstring): per key its block hash,
+        converted as kvpool.hashing.convert_block_hashes does, and with
+        ``with_group`` its group id. Every key must be bytes."""
+        if type(keys) is not list:
+            raise TypeError(f"keys must be a list, got {type(keys).__name__}")
+        for key in keys:
+            if not isinstance(key, bytes):
+                raise TypeError(f"an evicted key must be bytes, got {type(key).__name__}")
+        out = []
+        for key in keys:
+            h: Any = key[:-_GROUP_ID_BYTES]
+            if use_int:
+                h = int.from_bytes(h[-8:], "big")
+            if with_group:
+                group = int.from_bytes(key[-_GROUP_ID_BYTES:], "big")
+                out.append(cls(block_hashes=[h], medium=medium, group_idx=group))
+            else:
+                out.append(cls(block_hashes=[h], medium=medium))
+        return out
+
     def cache_full_blocks(
         self,
         request: Any,

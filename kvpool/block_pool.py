@@ -27,8 +27,8 @@ from typing import Any
 from .events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from .hashing import (
     BlockHashListWithBlockSize,
+    _use_int_block_hashes,
     convert_block_hashes,
-    get_block_hash,
 )
 from .metrics import KVCacheMetricsCollector
 
@@ -185,9 +185,9 @@ class BlockPoolMixin:
     def _block_removed_events(self, keys: list[bytes]) -> list[Any]:
         """One ``BlockRemoved`` per evicted key, in eviction order, as vLLM
         emits them."""
-        cls = self._BlockRemoved
-        hashes = convert_block_hashes([get_block_hash(key) for key in keys])
-        return [cls(block_hashes=[h], medium=MEDIUM_GPU) for h in hashes]
+        return self._removed_events(
+            self._BlockRemoved, keys, MEDIUM_GPU, False, _use_int_block_hashes()
+        )
 
     # get_new_blocks and touch come from the core, which takes a fast
     # path when there are no events and no collector, and otherwise

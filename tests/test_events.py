@@ -327,3 +327,81 @@ def test_same_bytes_as_vllm_structs(BlockPool, monkeypatch, env, rank):
     # And a consumer built on vLLM's structs decodes our bytes to the same values.
     decoded = msgspec.msgpack.Decoder(vllm["KVEventBatch"]).decode(msgspec.msgpack.encode(ours))
     assert decoded == theirs
+
+
+class _Recorded:
+    """An event class that records each construction (keywords only, as
+    the facades build ``BlockRemoved``)."""
+
+    built: list = []
+
+    def __init__(self, **fields):
+        self.fields = fields
+        _Recorded.built.append(fields)
+
+    def __eq__(self, other):
+        return type(other) is _Recorded and other.fields == self.fields
+
+    def __repr__(self):
+        return f"_Recorded({self.fields})"
+
+
+class _Key(bytes):
+    """A bytes subclass: keys are checked with isinstance(key, bytes)."""
+
+
+# Keys of every length class: a 32-byte hash, an 8-byte one, shorter than
+# the eight bytes converted, exactly the 4-byte suffix, shorter than it, empty.
+_REMOVED_KEYS = [
+    H0 + (0).to_bytes(4, "big"),
+    H2 + (7).to_bytes(4, "big"),
+    (0xFFFFFFFFFFFFFFFF).to_bytes(8, "big") + (0xFFFFFFFF).to_bytes(4, "big"),
+    b"\x01\x02" + (0x01020304).to_bytes(4, "big"),
+    b"\x00\x00\x01\x00",
+    b"\x05\x06",
+    b"",
+    _Key(H1 + (2).to_bytes(4, "big")),
+]
+
+
+@pytest.mark.parametrize("with_group", [False, True])
+@pytest.mark.parametrize("use_int", [False, True])
+def test_removed_events_both_cores(all_cores, with_group, use_int):
+    """``PoolCore._removed_events``, which every facade's ``BlockRemoved``
+    events come from, against the definition written out here: per key, in
+    order, its hash (the key less its last four bytes; as an int the low 64
+    bits of its big-endian value) and its group (those four bytes,
+    unsigned), on both cores."""
+    expected = []
+    for key in _REMOVED_KEYS:
+        h = bytes(key[: max(len(key) - 4, 0)])
+        fields = {
+            "block_hashes": [int.from_bytes(h, "big") & (2**64 - 1) if use_int else h],
+            "medium": "M",
+        }
+        if with_group:
+            fields["group_idx"] = int.from_bytes(key[max(len(key) - 4, 0):], "big")
+        expected.append(fields)
+    for core in all_cores:
+        _Recorded.built = []
+        got = core.PoolCore(4)._removed_events(
+            _Recorded, list(_REMOVED_KEYS), "M", with_group, use_int)
+        assert [e.fields for e in got] == expected, core.__name__
+        for event in got:  # exact types: bytes (not the subclass), int
+            (h,) = event.fields["block_hashes"]
+            assert type(h) is (int if use_int else bytes), (core.__name__, type(h))
+            if with_group:
+                assert type(event.fields["group_idx"]) is int
+
+
+def test_removed_events_bad_key_builds_nothing(all_cores):
+    """A key that is not bytes: a TypeError before any event is built."""
+    for core in all_cores:
+        _Recorded.built = []
+        pool = core.PoolCore(4)
+        with pytest.raises(TypeError, match="evicted key must be bytes"):
+            pool._removed_events(_Recorded, [H0 + b"\0" * 4, "not bytes"], "M", True, True)
+        assert _Recorded.built == [], core.__name__
+        with pytest.raises(TypeError):
+            pool._removed_events(_Recorded, (H0 + b"\0" * 4,), "M", True, True)
+        assert _Recorded.built == [], core.__name__

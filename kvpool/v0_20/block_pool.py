@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import Any
 
 from ..block_pool import bind_facade
-from ..hashing import convert_block_hashes, get_block_hash, get_group_id
+from ..hashing import _use_int_block_hashes
 from ..v0_19.block_pool import BlockPoolMixin as _BlockPool019
 from .kv_events import MEDIUM_GPU, BlockRemoved, BlockStored
 
@@ -48,12 +48,9 @@ class BlockPoolMixin(_BlockPool019):
         return fields
 
     def _block_removed_events(self, keys: list[bytes]) -> list[Any]:
-        cls = self._BlockRemoved
-        hashes = convert_block_hashes([get_block_hash(key) for key in keys])
-        return [
-            cls(block_hashes=[h], medium=MEDIUM_GPU, group_idx=get_group_id(key))
-            for h, key in zip(hashes, keys)
-        ]
+        return self._removed_events(
+            self._BlockRemoved, keys, MEDIUM_GPU, True, _use_int_block_hashes()
+        )
 
 
 def make_block_pool_class(core: ModuleType) -> type:

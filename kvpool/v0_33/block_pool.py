@@ -27,13 +27,12 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..block_pool import _check_positive_int, bind_facade, take_events
+from ..hashing import _use_int_block_hashes
 from ..metrics import KVCacheMetricsCollector
 from .kv_cache_utils import (
     convert_block_hashes,
     generate_block_hash_extra_keys,
     generate_lookahead_block_hash_extra_keys,
-    get_block_hash,
-    get_group_id,
     make_block_hash_with_group_id,
     maybe_convert_block_hash,
     mm_features_window,
@@ -456,13 +455,9 @@ class BlockPoolMixin(_PoolCoreBase):
     def _emit_block_removed_events(self, keys: list[bytes] | None) -> None:
         if not keys or not self.enable_kv_cache_events:
             return
-        medium = self._event_medium
-        hashes = convert_block_hashes([get_block_hash(key) for key in keys])
-        removed_cls = self._BlockRemoved
-        self.kv_event_queue.extend(
-            removed_cls(block_hashes=[h], medium=medium, group_idx=get_group_id(key))
-            for h, key in zip(hashes, keys)
-        )
+        self.kv_event_queue.extend(self._removed_events(
+            self._BlockRemoved, keys, self._event_medium, True, _use_int_block_hashes()
+        ))
 
     def _insert_block_hash(self, block_hash_with_group_id: bytes, block: Any,
                            num_tokens: int | None) -> None:
