@@ -43,6 +43,7 @@ Publish figures only from a quiet machine (load average under 1) and state it.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import pstats
@@ -97,8 +98,17 @@ def _is_manager(file: str, name: str) -> bool:
             ) or name.startswith("kvpool_")
 
 
+@functools.cache
+def _kvpool_dir() -> str:
+    # kvpool's own files, by the package's directory (the engine runs the
+    # same kvpool): a "/kvpool/" in the path would also take every vLLM file
+    # of an environment built from the cache (~/.cache/kvpool/engine-envs).
+    import kvpool
+    return os.path.dirname(os.path.abspath(kvpool.__file__)) + os.sep
+
+
 def _is_pool(file: str, name: str) -> bool:
-    return (file.endswith("v1/core/block_pool.py") or "/kvpool/" in file
+    return (file.endswith("v1/core/block_pool.py") or file.startswith(_kvpool_dir())
             or file.startswith("kvpool/")) and "hash" not in file
 
 

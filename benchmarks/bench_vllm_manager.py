@@ -135,9 +135,15 @@ _NOT_POOL = {
 }
 
 
+# kvpool's own files: by the package's directory, not by a "/kvpool/" in the
+# path (vLLM's files in an environment built from the cache,
+# ~/.cache/kvpool/vllm-envs, have one too, and were all counted as pool).
+_KVPOOL_DIR = os.path.dirname(os.path.abspath(kvpool.__file__)).replace("\\", "/") + "/"
+
+
 def _is_pool_function(filename: str, func: str) -> bool:
     where = filename.replace("\\", "/")
-    if where.endswith("v1/core/block_pool.py") or "/kvpool/" in where:
+    if where.endswith("v1/core/block_pool.py") or where.startswith(_KVPOOL_DIR):
         return func not in _NOT_POOL
     if where.endswith("v1/core/kv_cache_utils.py"):
         return func not in _NOT_POOL
