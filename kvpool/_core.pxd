@@ -3,6 +3,20 @@ from cpython.object cimport PyObject
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
 
+cdef inline unsigned long long _be_tail(const unsigned char *c, Py_ssize_t n,
+                                        Py_ssize_t width) noexcept:
+    # The big-endian value of c[0:n]'s last `width` bytes (all n if fewer):
+    # with width 8, a block hash's int form (kvpool.hashing's
+    # convert_block_hashes, the low 64 bits of its value); with width 4, a
+    # hash key's group id. One definition for the core and the manager.
+    cdef unsigned long long v = 0
+    cdef Py_ssize_t k = n - width if n > width else 0
+    while k < n:
+        v = (v << 8) | c[k]
+        k += 1
+    return v
+
+
 cdef class _Store:
     # Blocks 0..n-1, then the free list's head (n) and tail (n+1) sentinels.
     cdef Py_ssize_t n

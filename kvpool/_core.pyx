@@ -26,8 +26,8 @@ cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_Check, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_DelItem, PyDict_GetItem, PyDict_Next, PyDict_SetItem, PyDict_Size
 from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
-from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.long cimport PyLong_FromUnsignedLong, PyLong_FromUnsignedLongLong
+from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from cpython.sequence cimport PySequence_Fast, PySequence_Fast_GET_ITEM, PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
@@ -1017,6 +1017,13 @@ cdef inline uint64_t _hash_parts(const char *p, Py_ssize_t size, uint32_t suffix
     return _mum(acc ^ <uint64_t> 0x589965CC75374CC3, <uint64_t> suffix ^ <uint64_t> 0x1D8E4E27C47D124F)
 
 
+cdef inline uint32_t _group_id_at(const unsigned char *p) noexcept:
+    """The group id a hash key ends with: its last four bytes at ``p``,
+    unsigned big-endian (kvpool.hashing.make_block_hash_with_group_id)."""
+    return ((<uint32_t> p[0] << 24) | (<uint32_t> p[1] << 16)
+            | (<uint32_t> p[2] << 8) | <uint32_t> p[3])
+
+
 cdef inline uint64_t _hash_key(bytes key) noexcept:
     """The table hash of a whole key: the part before the last four bytes,
     then those four bytes as the group id (consistent with _hash_parts)."""
@@ -1026,9 +1033,7 @@ cdef inline uint64_t _hash_key(bytes key) noexcept:
         # Too short to carry a group id: hash it all, tagged by its length.
         return _hash_parts(<const char *> p, size, 0xFFFFFFFF) ^ <uint64_t> 0x5555
     cdef Py_ssize_t q = size - GROUP_ID_BYTES
-    cdef uint32_t g = ((<uint32_t> p[q] << 24) | (<uint32_t> p[q + 1] << 16)
-                       | (<uint32_t> p[q + 2] << 8) | <uint32_t> p[q + 3])
-    return _hash_parts(<const char *> p, q, g)
+    return _hash_parts(<const char *> p, q, _group_id_at(p + q))
 
 
 cdef inline bint _bytes_equal(const unsigned char *a, const unsigned char *b, Py_ssize_t size) noexcept:
@@ -1144,9 +1149,7 @@ cdef class BlockHashToBlockMap:
         if size >= GROUP_ID_BYTES:
             p = <const unsigned char *> PyBytes_AS_STRING(key) + size - GROUP_ID_BYTES
             return self.find(PyBytes_AS_STRING(key), size - GROUP_ID_BYTES,
-                             (<uint32_t> p[0] << 24) | (<uint32_t> p[1] << 16)
-                             | (<uint32_t> p[2] << 8) | <uint32_t> p[3],
-                             _hash_key(key))
+                             _group_id_at(p), _hash_key(key))
         # A short key (only through the public API): compare whole bytes.
         h = _hash_key(key)
         mask = self.cap - 1
@@ -1582,10 +1585,8 @@ cdef class PoolCore:
         kvpool.hashing.convert_block_hashes gives it: the low 64 bits of its
         big-endian value (its last eight bytes) when ``use_int``, else the
         bytes. Every key must be bytes (checked before any event is built)."""
-        cdef Py_ssize_t i, k, size, hsize, n = PyList_GET_SIZE(keys)
+        cdef Py_ssize_t i, size, hsize, n = PyList_GET_SIZE(keys)
         cdef const unsigned char *c
-        cdef unsigned long long v
-        cdef unsigned long gid
         cdef PyObject *args[3]   # borrowed: each is held by a local below
         cdef object h, group = None, hashes
         for i in range(n):
@@ -1600,24 +1601,14 @@ cdef class PoolCore:
             size = PyBytes_GET_SIZE(key)
             hsize = size - GROUP_ID_BYTES if size > GROUP_ID_BYTES else 0
             if use_int:
-                v = 0
-                k = hsize - 8 if hsize > 8 else 0
-                while k < hsize:
-                    v = (v << 8) | c[k]
-                    k += 1
-                h = PyLong_FromUnsignedLongLong(v)
+                h = PyLong_FromUnsignedLongLong(_be_tail(c, hsize, 8))
             else:
                 h = PyBytes_FromStringAndSize(<const char *> c, hsize)
             hashes = [h]
             args[0] = <PyObject *> hashes
             args[1] = <PyObject *> medium
             if with_group:
-                gid = 0
-                k = size - GROUP_ID_BYTES if size > GROUP_ID_BYTES else 0
-                while k < size:
-                    gid = (gid << 8) | c[k]
-                    k += 1
-                group = PyLong_FromUnsignedLong(gid)
+                group = PyLong_FromUnsignedLong(<unsigned long> _be_tail(c, size, GROUP_ID_BYTES))
                 args[2] = <PyObject *> group
             PyList_Append(out, PyObject_Vectorcall(cls, args, 0, kwnames))
         return out

@@ -45,7 +45,7 @@ from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTu
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
 from cpython.long cimport PyLong_FromUnsignedLongLong
 
-from kvpool._core cimport KVCacheBlock, PoolCore
+from kvpool._core cimport KVCacheBlock, PoolCore, _be_tail
 
 from kvpool.hashing import _use_int_block_hashes
 from kvpool.hashing import maybe_convert_block_hash as _maybe_convert_block_hash
@@ -539,20 +539,12 @@ cdef object _event_hash(object h, bint use_int):
     # kvpool.hashing.maybe_convert_block_hash (and convert_block_hashes, the
     # same per hash): the low 64 bits of the hash's big-endian value -- its
     # last eight bytes -- or the bytes themselves.
-    cdef const unsigned char *c
-    cdef Py_ssize_t n, k
-    cdef unsigned long long v = 0
     if not use_int:
         return h
     if not PyBytes_CheckExact(h):
         return _maybe_convert_block_hash(h)
-    c = <const unsigned char *> PyBytes_AS_STRING(h)
-    n = PyBytes_GET_SIZE(h)
-    k = n - 8 if n > 8 else 0
-    while k < n:
-        v = (v << 8) | c[k]
-        k += 1
-    return PyLong_FromUnsignedLongLong(v)
+    return PyLong_FromUnsignedLongLong(
+        _be_tail(<const unsigned char *> PyBytes_AS_STRING(h), PyBytes_GET_SIZE(h), 8))
 
 
 cdef bint _nothing_to_cache(ManagerPlan p, object rid, Py_ssize_t num_tokens) except -1:
