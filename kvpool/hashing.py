@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
+from types import ModuleType
 from typing import NewType, TypeAlias, overload
 
 __all__ = [
@@ -63,15 +64,32 @@ def get_group_id(key: BlockHashWithGroupId) -> int:
     return int.from_bytes(key[-GROUP_ID_BYTES:], "big", signed=False)
 
 
+_USE_INT_ENV = "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"
+_MISSING = object()
+
+
 def _use_int_block_hashes() -> bool:
     # Inside a vLLM process, ask vLLM's own envs module, so kvpool reads the
     # variable exactly when vLLM would (once, after the engine has enabled
     # its environment cache). Elsewhere read it on every call, as vLLM's
     # envs module does without that cache.
+    #
+    # The module is asked the way Python asks it -- its namespace first (a
+    # test may set the attribute), then its ``__getattr__`` -- but without
+    # the failing ordinary lookup before the ``__getattr__``: on Python 3.11
+    # that builds and formats an AttributeError every time, some 70% of
+    # this call's cost, and the events ask once per batch.
     envs = sys.modules.get("vllm.envs")
-    if envs is not None:
-        return bool(envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)
-    return bool(int(os.getenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")))
+    if envs is None:
+        return bool(int(os.getenv(_USE_INT_ENV, "1")))
+    if type(envs) is not ModuleType:
+        return bool(getattr(envs, _USE_INT_ENV))
+    namespace = envs.__dict__
+    value = namespace.get(_USE_INT_ENV, _MISSING)
+    if value is _MISSING:
+        hook = namespace.get("__getattr__")
+        value = getattr(envs, _USE_INT_ENV) if hook is None else hook(_USE_INT_ENV)
+    return bool(value)
 
 
 def maybe_convert_block_hash(hash_bytes: BlockHash) -> ExternalBlockHash:

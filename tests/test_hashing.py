@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,9 +14,12 @@ from kvpool import (
     BlockHashListWithBlockSize,
     get_block_hash,
     get_group_id,
+    hashing,
     make_block_hash_with_group_id,
     maybe_convert_block_hash,
 )
+
+ENV = "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"
 
 PUBLIC_NAMES = [
     "KVCacheBlock",
@@ -91,6 +97,51 @@ def test_maybe_convert_block_hash_reads_env_each_call(monkeypatch):
     assert maybe_convert_block_hash(b"\x05") == b"\x05"
     monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")
     assert maybe_convert_block_hash(b"\x05") == 5
+
+
+class _FakeEnvs:
+    """Stands in for a vLLM envs module that is not a module object."""
+
+    VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES = False
+
+
+def _envs_module(getattr_hook=None, **attrs):
+    module = types.ModuleType("vllm.envs")
+    if getattr_hook is not None:
+        module.__getattr__ = getattr_hook
+    module.__dict__.update(attrs)
+    return module
+
+
+@pytest.mark.parametrize(
+    "envs",
+    [
+        # vLLM's envs: the value from the module's __getattr__ ...
+        pytest.param(_envs_module(lambda name: {ENV: False}[name]), id="getattr-false"),
+        pytest.param(_envs_module(lambda name: {ENV: 1}[name]), id="getattr-true"),
+        # ... unless the attribute itself is set (a test's monkeypatch).
+        pytest.param(
+            _envs_module(lambda name: {ENV: True}[name], **{ENV: False}), id="attribute-first"
+        ),
+        pytest.param(_envs_module(**{ENV: 0}), id="attribute-no-getattr"),
+        pytest.param(_FakeEnvs(), id="not-a-module"),
+    ],
+)
+def test_use_int_block_hashes_asks_vllm_envs_as_python_does(monkeypatch, envs):
+    """Inside a vLLM process the setting is what ``vllm.envs.NAME`` gives
+    (the environment variable is not read), however the module provides it."""
+    monkeypatch.setitem(sys.modules, "vllm.envs", envs)
+    monkeypatch.setenv(ENV, "1" if not getattr(envs, ENV) else "0")  # must be ignored
+    assert hashing._use_int_block_hashes() is bool(getattr(envs, ENV))
+    assert maybe_convert_block_hash(b"\x07") == (7 if getattr(envs, ENV) else b"\x07")
+
+
+def test_use_int_block_hashes_unknown_to_vllm_envs(monkeypatch):
+    """A vLLM whose envs module has no such setting: the AttributeError that
+    ``vllm.envs.NAME`` raises."""
+    monkeypatch.setitem(sys.modules, "vllm.envs", _envs_module())
+    with pytest.raises(AttributeError):
+        hashing._use_int_block_hashes()
 
 
 def test_block_hash_list_with_block_size():
