@@ -62,6 +62,7 @@ from vllm.v1.core import kv_cache_coordinator, single_type_kv_cache_manager
 
 import kvpool
 import kvpool.vllm as kv_vllm
+from kvpool.bench import package_dir
 from vllm.v1.core.sched import scheduler as vllm_scheduler
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -135,10 +136,8 @@ _NOT_POOL = {
 }
 
 
-# kvpool's own files: by the package's directory, not by a "/kvpool/" in the
-# path (vLLM's files in an environment built from the cache,
-# ~/.cache/kvpool/vllm-envs, have one too, and were all counted as pool).
-_KVPOOL_DIR = os.path.dirname(os.path.abspath(kvpool.__file__)).replace("\\", "/") + "/"
+# kvpool's own files: by the package's directory (package_dir()).
+_KVPOOL_DIR = package_dir()
 
 
 def _is_pool_function(filename: str, func: str) -> bool:

@@ -61,8 +61,9 @@ __all__ = [
     "FakeRequest",
     "load_core",
     "lookup_per_block",
-    "make_trace",
     "main",
+    "make_trace",
+    "package_dir",
 ]
 
 # Core key -> (label in the table, module). Pure-Python first: it is the
@@ -85,6 +86,16 @@ BLOCK_SIZE = 16  # tokens per block, as in vLLM's default
 HASH_BYTES = 32  # sha256 digests, vLLM's default block hash
 BATCH = 256  # blocks per bulk call in the microbenchmarks
 GROUP_IDS = [0]  # one KV-cache group, as in a plain decoder-only model
+
+
+def package_dir() -> str:
+    """The directory of the kvpool in use, with a trailing ``/``: how the
+    vLLM benchmarks tell kvpool's own files in a profile. Matching on a
+    ``/kvpool/`` in the path would also take every vLLM file of an
+    environment built from kvpool's cache (``~/.cache/kvpool/...``)."""
+    import kvpool
+
+    return os.path.dirname(os.path.abspath(kvpool.__file__)).replace("\\", "/") + "/"
 
 
 def _in_source_checkout() -> bool:
