@@ -26,6 +26,23 @@ wall time to one clock, nested calls counted once) and prints the manager's
 share of the generate loop, corrected for the wrapper's own time, and where
 kvpool's time goes. No profiler runs, so Python is not slowed more than C.
 
+``--sample`` runs each side ``--rounds`` times more under the sampling
+profiler py-spy and prints the share of the generate loop's samples that are
+inside the KV-cache manager: a frame in vLLM's manager, coordinator,
+single-type manager or pool modules, or in kvpool's Python (its request
+hasher excepted), or the scheduler standing at a call into the manager (a
+compiled method makes no frame of its own; the call's argument evaluation is
+counted with it, on both sides). Nothing is wrapped, so this share has
+neither the clock's wrapper correction nor cProfile's bias against Python;
+its error is the count of samples (shown). py-spy's ``--native`` would see
+the compiled frames themselves, but unwinding torch's frames made a run of
+some 20 s take more than nine minutes here. py-spy reads the engine's
+memory without stopping it (``--nonblocking``), at 200 samples a second
+by default: stopping it at every sample made the generate loop ten times
+slower, and py-spy's own work at a higher rate takes a core from the
+engine's two threads. Needs ``py-spy`` (``pip install py-spy``) beside this Python or
+on ``PATH``.
+
 ``--profile`` runs each side once more under cProfile and prints what share
 of the generate loop's time goes to the scheduler (``schedule`` and
 ``update_from_output``), the KV-cache manager (``KVCacheManager`` and its
@@ -43,10 +60,10 @@ Publish figures only from a quiet machine (load average under 1) and state it.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import platform
 import pstats
+import shutil
 import statistics
 import sys
 import tempfile
@@ -56,6 +73,11 @@ ROOT = Path(__file__).resolve().parent.parent
 ENGINE = ROOT / "tests" / "engine"
 sys.path.insert(0, str(ENGINE))
 import launch  # noqa: E402
+
+from kvpool.bench import package_dir  # noqa: E402
+
+# kvpool's own files (the engine runs the same kvpool as this process).
+KVPOOL_DIR = package_dir()
 
 CONFIGS = {
     "scheduler": {
@@ -78,10 +100,11 @@ CONFIGS["scheduler-noevents"] = {
 QUICK = {"num_requests": 96, "max_tokens": 16}
 
 
-def run(model: Path, scenario: dict, work: Path, side: str) -> dict:
+def run(model: Path, scenario: dict, work: Path, side: str, wrap: list[str] | None = None) -> dict:
     try:
         return launch.run(model, scenario, work,
-                          launch.engine_env(kvpool=side == "kvpool", kv_cache_gib=2), timeout=None)
+                          launch.engine_env(kvpool=side == "kvpool", kv_cache_gib=2), timeout=None,
+                          wrap=wrap or ())
     except launch.EngineRunFailed as exc:
         sys.exit(f"{side}: {exc}")
 
@@ -98,18 +121,9 @@ def _is_manager(file: str, name: str) -> bool:
             ) or name.startswith("kvpool_")
 
 
-@functools.cache
-def _kvpool_dir() -> str:
-    # kvpool's own files, by the package's directory (the engine runs the
-    # same kvpool): a "/kvpool/" in the path would also take every vLLM file
-    # of an environment built from the cache (~/.cache/kvpool/engine-envs).
-    import kvpool
-    return os.path.dirname(os.path.abspath(kvpool.__file__)) + os.sep
-
-
 def _is_pool(file: str, name: str) -> bool:
-    return (file.endswith("v1/core/block_pool.py") or file.startswith(_kvpool_dir())
-            or file.startswith("kvpool/")) and "hash" not in file
+    return (file.endswith("v1/core/block_pool.py") or file.startswith((KVPOOL_DIR, "kvpool/"))
+            ) and "hash" not in file
 
 
 def _is_hashing(file: str, name: str) -> bool:
@@ -182,6 +196,164 @@ def clock_report(model: Path, scenario: dict, tmp: Path, name: str, rounds: int)
               f"{statistics.median(k):.1f} |" if k else "| - |")
 
 
+# The manager's frames in a py-spy sample: vLLM's modules by file, kvpool's
+# Python files by kvpool's directory (its request hasher excepted).
+_MANAGER_FILES = ("v1/core/kv_cache_manager.py", "v1/core/kv_cache_coordinator.py",
+                  "v1/core/single_type_kv_cache_manager.py", "v1/core/block_pool.py")
+_KVPOOL_HASHER = ("_hasher.pyx", "vllm_hasher.py", "_hasher_py.py")
+# The files whose calls into the manager are call sites (see manager_call_sites).
+_CALLER_DIR = "v1/core/sched"
+
+
+def _frame_file(frame: str) -> tuple[str, int]:
+    """The file and line of a py-spy frame ``name (file:line)``."""
+    inner = frame.rpartition(" (")[2].rstrip(")")
+    file, _, line = inner.rpartition(":")
+    return (file, int(line)) if line.isdigit() else (inner, 0)
+
+
+def _vllm_relative(file: str) -> str:
+    """``v1/...`` of a vLLM file's path (the engine may see it by another prefix)."""
+    at = file.rfind("/vllm/v1/")
+    return file[at + len("/vllm/"):] if at >= 0 else file
+
+
+def _is_manager_frame(file: str) -> bool:
+    if file.endswith(_MANAGER_FILES):
+        return True
+    return file.startswith((KVPOOL_DIR, "kvpool/")) and not file.endswith(_KVPOOL_HASHER)
+
+
+def _is_loop_frame(frame: str) -> bool:
+    # py-spy names a method by its class: "LLM.generate".
+    return (frame.partition(" (")[0].rpartition(".")[2] == "generate"
+            and _frame_file(frame)[0].endswith("vllm/entrypoints/llm.py"))
+
+
+def manager_call_sites(vllm_dir: str) -> dict[tuple[str, int], str]:
+    """Where the scheduler calls into the KV-cache manager: ``(file, line) ->
+    method`` for every call in vLLM's ``v1/core/sched`` whose callee is reached
+    through ``kv_cache_manager`` (its coordinator and pool too) or is a
+    ``get_block_ids``. A compiled method makes no Python frame, so a sample
+    in it shows the caller's frame at the call's line: Python reports the line
+    of the method's name (the call's first line as well, for safety)."""
+    import ast
+
+    sites: dict[tuple[str, int], str] = {}
+    for path in sorted(Path(vllm_dir, _CALLER_DIR).glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            callee = ast.unparse(node.func)
+            if "kv_cache_manager" in callee or node.func.attr == "get_block_ids":
+                rel = f"{_CALLER_DIR}/{path.name}"
+                for line in (node.lineno, node.func.end_lineno):
+                    sites[rel, line] = node.func.attr
+    return sites
+
+
+def sample_shares(raw: str, call_sites: dict[tuple[str, int], str]) -> dict:
+    """Count a py-spy raw file (``frame;frame;... count`` per line, root
+    first): samples inside the generate loop, those of them inside the
+    KV-cache manager, and the manager's samples by where it was entered (the
+    outermost manager frame's function, or the method of the call site a
+    compiled call was sampled at). A sample is the manager's if a frame below
+    the loop is a manager frame, or if its innermost frame stands at a call
+    site (a compiled method running, or the call's arguments being evaluated:
+    counted for both sides alike, so the share is an upper bound)."""
+    loop = manager = 0
+    entries: dict[str, int] = {}
+    for line in raw.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        start = next((i for i, f in enumerate(frames) if _is_loop_frame(f)), None)
+        if start is None:
+            continue
+        loop += count
+        entry = next((f.partition(" (")[0].rpartition(".")[2] for f in frames[start + 1:]
+                      if _is_manager_frame(_frame_file(f)[0])), None)
+        if entry is None and len(frames) > start + 1:
+            file, lineno = _frame_file(frames[-1])
+            entry = call_sites.get((_vllm_relative(file), lineno))
+        if entry is not None:
+            manager += count
+            entries[entry] = entries.get(entry, 0) + count
+    return {"loop": loop, "manager": manager, "entries": entries}
+
+
+def _py_spy() -> str:
+    here = os.path.dirname(sys.executable)
+    found = shutil.which("py-spy", path=here + os.pathsep + os.environ.get("PATH", ""))
+    if found is None:
+        sys.exit("--sample needs py-spy beside this Python or on PATH: pip install py-spy")
+    return found
+
+
+def sample_report(model: Path, scenario: dict, tmp: Path, name: str, rounds: int,
+                  rate: int) -> None:
+    """The KV-cache manager's share of the generate loop by sampling
+    (``--sample``): ``rounds`` runs a side under py-spy, alternating."""
+    import importlib.util
+
+    spy = _py_spy()
+    sites = manager_call_sites(os.path.dirname(importlib.util.find_spec("vllm").origin))
+    share: dict[str, list[float]] = {"stock": [], "kvpool": []}
+    samples: dict[str, list[int]] = {"stock": [], "kvpool": []}
+    in_loop: dict[str, list[int]] = {"stock": [], "kvpool": []}
+    entries: dict[str, dict[str, int]] = {"stock": {}, "kvpool": {}}
+    for r in range(rounds):
+        for side in (("stock", "kvpool") if r % 2 == 0 else ("kvpool", "stock")):
+            work = tmp / f"{name}-sample-{r}-{side}"
+            work.mkdir(parents=True, exist_ok=True)
+            out = work / "py-spy.txt"
+            run(model, scenario, work, side,
+                wrap=[spy, "record", "--nonblocking", "--idle", "--full-filenames",
+                      "--rate", str(rate), "--format", "raw", "--output", str(out), "--"])
+            got = sample_shares(out.read_text(), sites)
+            if got["loop"] == 0:
+                sys.exit(f"!! {name} sample {r + 1} {side}: no sample inside the generate "
+                         f"loop ({out})")
+            share[side].append(100 * got["manager"] / got["loop"])
+            samples[side].append(got["manager"])
+            in_loop[side].append(got["loop"])
+            for entry, count in got["entries"].items():
+                entries[side][entry] = entries[side].get(entry, 0) + count
+            print(f"  {name} sample {r + 1}/{rounds} {side}: manager {share[side][-1]:.2f}% "
+                  f"({got['manager']} of {got['loop']} samples in the loop)", flush=True)
+    print(f"\nKV-cache manager's share of the generate loop (py-spy at {rate} Hz, nothing "
+          f"wrapped, argument evaluation at a call site counted; {rounds} runs a side, median [range]):\n")
+    print("| | stock vLLM | vLLM + kvpool |")
+    print("|---|---|---|")
+    print(f"| share, sampled | {summarize(share['stock'])}% | {summarize(share['kvpool'])}% |")
+    print(f"| manager samples a run | {summarize(samples['stock'])} | "
+          f"{summarize(samples['kvpool'])} |")
+    print(f"| share, all runs' samples pooled (95% interval) | "
+          f"{pooled(samples['stock'], in_loop['stock'])} | "
+          f"{pooled(samples['kvpool'], in_loop['kvpool'])} |")
+    print("\nWhere the scheduler entered the manager (samples over all runs), the largest:\n")
+    print("| entered at | stock vLLM | vLLM + kvpool |")
+    print("|---|---|---|")
+    names = sorted(set(entries["stock"]) | set(entries["kvpool"]),
+                   key=lambda n: -(entries["stock"].get(n, 0) + entries["kvpool"].get(n, 0)))
+    for entry in names[:8]:
+        print(f"| `{entry}` | {entries['stock'].get(entry, 0)} | "
+              f"{entries['kvpool'].get(entry, 0)} |")
+
+
+def pooled(hits: list[int], totals: list[int]) -> str:
+    """``hits`` of ``totals`` samples over all runs as a share, with its 95%
+    interval (the binomial's normal approximation): the sampling error."""
+    k, n = sum(hits), sum(totals)
+    share = k / n
+    half = 1.96 * (share * (1 - share) / n) ** 0.5
+    return (f"{100 * share:.2f}% [{100 * max(0.0, share - half):.2f}-"
+            f"{100 * (share + half):.2f}] ({k} of {n})")
+
+
 def _num(value: float) -> str:
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
@@ -197,6 +369,10 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--clock", action="store_true",
                         help="time the KV-cache manager's calls (no profiler), --rounds runs a side")
+    parser.add_argument("--sample", action="store_true",
+                        help="sample the engine with py-spy --native, --rounds runs a side")
+    parser.add_argument("--sample-rate", type=int, default=200,
+                        help="py-spy's samples a second (default 200)")
     parser.add_argument("--quick", action="store_true", help="small workloads (a smoke run)")
     args = parser.parse_args()
     from tiny_model import make_model
@@ -243,6 +419,8 @@ def main() -> None:
                   f"{summarize(per_side['kvpool']['ms_step'])} | {summarize(step_ratio)}x |")
             if args.clock:
                 clock_report(model, scenario, Path(tmp), name, args.rounds)
+            if args.sample:
+                sample_report(model, scenario, Path(tmp), name, args.rounds, args.sample_rate)
             if args.profile:
                 print("\nShare of the generate loop's time (cProfile, one run per side):\n")
                 print("| | stock vLLM | vLLM + kvpool |")

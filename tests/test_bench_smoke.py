@@ -4,6 +4,7 @@ produced a result for every core, never how fast anything is."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -125,3 +126,80 @@ def test_table_says_a_row_is_not_judged() -> None:
     [summary] = [x for x in table.splitlines() if x.startswith("Targets:")]
     assert summary.endswith("1 not judged, measured at another size than their target "
                             "is stated for: gc_collect."), summary
+
+
+def _engine_bench():
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_vllm_engine.py"
+    if not script.exists():
+        pytest.skip("the benchmarks are not beside the tests (a wheel's test run)")
+    spec = importlib.util.spec_from_file_location("bench_vllm_engine", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_engine_bench_call_sites(tmp_path: Path) -> None:
+    """``bench_vllm_engine.py --sample``'s call sites: the calls into the
+    manager in vLLM's ``v1/core/sched``, at the method name's line and the
+    call's first line; other calls are not sites."""
+    sched = tmp_path / "v1" / "core" / "sched"
+    sched.mkdir(parents=True)
+    (sched / "scheduler.py").write_text(
+        "def schedule(self, req, blocks):\n"                                   # 1
+        "    new = self.kv_cache_manager.allocate_slots(\n"                   # 2
+        "        req, 1)\n"                                                    # 3
+        "    ids = blocks[req].get_block_ids(allow_none=True)\n"               # 4
+        "    x = (self.kv_cache_manager.coordinator\n"                        # 5
+        "         .get_num_blocks_to_allocate(req))\n"                        # 6
+        "    self.requests.pop(req)\n"                                         # 7
+        "    return self.kv_cache_manager.usage\n")                           # 8
+    sites = _engine_bench().manager_call_sites(str(tmp_path))
+    rel = "v1/core/sched/scheduler.py"
+    assert sites == {(rel, 2): "allocate_slots", (rel, 4): "get_block_ids",
+                     (rel, 5): "get_num_blocks_to_allocate",
+                     (rel, 6): "get_num_blocks_to_allocate"}
+
+
+def test_engine_bench_sample_shares() -> None:
+    """``bench_vllm_engine.py --sample``'s count of a py-spy raw file: only
+    samples inside the generate loop count; a sample is the manager's when a
+    frame below the loop is in vLLM's manager modules or kvpool's Python
+    (never its request hasher), or when its innermost frame stands at a call
+    site (a compiled method running); the entry is the outermost manager
+    frame, or the call site's method."""
+    engine_bench = _engine_bench()
+    kvdir = engine_bench.KVPOOL_DIR
+    llm = "/env/lib/python3.11/site-packages/vllm/entrypoints/llm.py"
+    sched_file = "/env/site-packages/vllm/v1/core/sched/scheduler.py"
+    sched = f"Scheduler.schedule ({sched_file}:300)"
+    loop = f"main (/w/engine_run.py:419);LLM.generate ({llm}:400);LLMEngine.step (/env/vllm/v1/engine/llm_engine.py:10)"
+    sites = {("v1/core/sched/scheduler.py", 778): "allocate_slots",
+             ("v1/core/sched/scheduler.py", 1735): "get_block_ids"}
+    raw = "\n".join([
+        # compiled calls: the scheduler's frame at a call site
+        f"{loop};Scheduler.schedule ({sched_file}:778) 7",
+        f"{loop};Scheduler.schedule ({sched_file}:1735) 1",
+        # kvpool's Python side, then vLLM's pool under it: one entry, the outer
+        f"{loop};{sched};KVCacheManager33.take_events ({kvdir}vllm_manager.py:50);"
+        f"take_events (/env/vllm/v1/core/block_pool.py:9) 2",
+        # vLLM's own manager (the stock side), entered from a call site
+        f"{loop};Scheduler.schedule ({sched_file}:778);KVCacheManager.allocate_slots (/env/vllm/v1/core/kv_cache_manager.py:250) 5",
+        # kvpool's request hasher is not the manager
+        f"{loop};append_output_token_ids (/env/vllm/v1/request.py:5);"
+        f"hash_block ({kvdir}vllm_hasher.py:40) 3",
+        # a call site's line in another file, or deeper than the innermost frame
+        f"{loop};update ({sched_file.replace('scheduler', 'output')}:778) 4",
+        f"{loop};Scheduler.schedule ({sched_file}:778);__len__ (/env/vllm/v1/request.py:1) 6",
+        # the scheduler and the model: in the loop, not the manager
+        f"{loop};{sched} 11",
+        f"{loop};forward (/env/torch/nn/modules/module.py:1) 20",
+        # outside the generate loop (start-up, another thread): not counted
+        "main (/w/engine_run.py:380);__init__ (/env/vllm/v1/core/kv_cache_manager.py:60) 40",
+        "run (/w/engine_run.py:72);recv (/env/zmq/sugar/socket.py:1) 9",
+        "",
+    ])
+    got = engine_bench.sample_shares(raw, sites)
+    assert got == {"loop": 59, "manager": 15,
+                   "entries": {"allocate_slots": 12, "take_events": 2, "get_block_ids": 1}}
+    # the pooled share over runs, with the binomial's 95% interval
+    assert engine_bench.pooled([15, 5], [59, 41]) == "20.00% [12.16-27.84] (20 of 100)"

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -40,11 +41,14 @@ def command(model_dir: Path, scenario: dict, work: Path) -> tuple[list[str], Pat
 
 
 def run(model_dir: Path, scenario: dict, work: Path, env: dict[str, str], *,
-        stream: bool = False, timeout: float | None = 1800) -> dict:
+        stream: bool = False, timeout: float | None = 1800,
+        wrap: Sequence[str] = ()) -> dict:
     """Run ``engine_run.py`` on ``scenario`` in ``work`` and return its JSON result
     (with ``profile``: the path of its cProfile dump, if it wrote one). With
-    ``stream`` its standard output (the waves' progress) goes to this one's."""
+    ``stream`` its standard output (the waves' progress) goes to this one's;
+    ``wrap`` is a command the run is started under (a sampling profiler)."""
     argv, out = command(model_dir, scenario, work)
+    argv = [*wrap, *argv]
     with open(work / "stderr.txt", "w") as err:
         proc = subprocess.run(
             argv, env=env, cwd=work, stdout=None if stream else subprocess.PIPE, stderr=err,
