@@ -35,7 +35,7 @@ other case to vLLM's own code. Why this shape:
 """
 
 cimport cython
-from cpython.dict cimport PyDict_Contains, PyDict_GetItem
+from cpython.dict cimport PyDict_Contains, PyDict_GetItemWithError
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.object cimport PyObject, PyObject_GetItem
 from cpython.ref cimport Py_INCREF
@@ -367,7 +367,7 @@ cdef Py_ssize_t _num_blocks_to_allocate(_Group g, object rid, Py_ssize_t num_tok
     cdef PyObject *blocks
     if admission_cap and g.has_cap and g.cap < required:
         required = g.cap
-    blocks = PyDict_GetItem(g.rtb, rid)
+    blocks = PyDict_GetItemWithError(g.rtb, rid)
     if blocks != NULL:
         have = len(<object> blocks)
     if PyDict_Contains(g.ncb, rid):
@@ -457,7 +457,7 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
         if g.partial_tail:
             return _cache_in_vllm(p, request, num_tokens)
         full = _floordiv(cacheable, g.block_size)
-        entry = PyDict_GetItem(g.ncb, rid)
+        entry = PyDict_GetItemWithError(g.ncb, rid)
         if entry == NULL:
             cached = 0
         elif not _count(<object> entry, &cached):
@@ -561,7 +561,7 @@ cdef bint _nothing_to_cache(ManagerPlan p, object rid, Py_ssize_t num_tokens) ex
             continue
         if g.partial_tail:
             return False
-        entry = PyDict_GetItem(g.ncb, rid)
+        entry = PyDict_GetItemWithError(g.ncb, rid)
         if entry == NULL:
             cached = 0
         elif not _count(<object> entry, &cached):
@@ -617,7 +617,7 @@ cdef object _to_adopt(ManagerPlan p, object rid, object new_computed_blocks,
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
         group_blocks = blocks[i]
-        have = PyDict_GetItem(g.rtb, rid)
+        have = PyDict_GetItemWithError(g.rtb, rid)
         if have != NULL and len(<object> have) != 0:
             raise ValueError(
                 f"request {rid!r} already has {len(<object> have)} blocks in KV-cache group "
@@ -717,6 +717,7 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     cdef Py_ssize_t new_tokens, new_computed, lookahead, reserved, computed, watermark = 0
     cdef Py_ssize_t full_tokens, need, main_tokens, processed, required, i, nnew, zero, total
     cdef bint any_new
+    cdef PyObject *entry
     plan = self._kvpool_plan
     if (
         plan is None
@@ -789,7 +790,14 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     any_new = False
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
-        if _cdiv(need, g.block_size) > len(PyObject_GetItem(g.rtb, rid)):
+        # vLLM's ``req_to_blocks[request_id]``: a defaultdict's lookup,
+        # which adds an empty list for a request without one.
+        entry = PyDict_GetItemWithError(g.rtb, rid)
+        if entry == NULL:
+            blocks = PyObject_GetItem(g.rtb, rid)
+        else:
+            blocks = <object> entry
+        if _cdiv(need, g.block_size) > len(blocks):
             any_new = True
             break
     if not any_new:
@@ -1069,7 +1077,7 @@ def get_blocks(self, request_id):
     any_blocks = False
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
-        entry = PyDict_GetItem(g.rtb, request_id)
+        entry = PyDict_GetItemWithError(g.rtb, request_id)
         blocks = <object> entry if entry != NULL else None
         if not blocks:
             blocks = []
