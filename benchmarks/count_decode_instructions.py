@@ -12,13 +12,16 @@ counts, for the same calls:
   of two parameters that returns at once -- the least a manager written in
   Python pays for being called, before it does anything.
 
-Each side runs in its own process under ``valgrind --tool=callgrind`` twice,
-with two loop lengths; the difference of the two totals divided by the
-difference of the calls is the cost of one call with its share of the loop
-(a ``for`` over the requests and the method call, as in the scheduler). The
-child checks that every counted call was the case named (kvpool: served by
-the compiled path, no new block, nothing cached; vLLM: no new block) and
-fails otherwise.
+Each side runs in its own process under ``valgrind --tool=callgrind``
+(``PYTHONHASHSEED=0``), which counts only inside the counted loop: the loop
+is called through ``operator.call`` and callgrind collects only inside
+that C function (``--toggle-collect=_operator_call``), so the vLLM import
+and the setup, whose counts vary from run to run by millions, count
+nothing. A call's cost is the loop's count over its calls: the call with
+its share of the loop (a ``for`` over the requests and the method call, as
+in the scheduler). The child checks that every counted call was the case
+named (kvpool: served by the compiled path, no new block, nothing cached;
+vLLM: no new block) and fails otherwise.
 
 Run it in the environment ``.ci/vllm-env.sh`` builds (vLLM 0.26 or newer,
 kvpool importable: installed, or this checkout on ``PYTHONPATH``)::
@@ -38,12 +41,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import operator
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIDES = ("vllm", "kvpool", "empty")
@@ -92,9 +97,8 @@ def child(side: str, rounds: int, requests: int, prompt: int) -> None:
                     n += 1
         return n
 
-    # Warm up, then the counted loop (both counted: what differs between two
-    # runs is only the number of rounds).
-    served = loop() + loop()
+    # Warm up, then the counted loop: the one run through operator.call.
+    served = loop() + operator.call(loop)
     calls = 2 * rounds * requests
     check = {"side": side, "calls": calls, "no_new_block": served}
     if served != calls:
@@ -109,19 +113,27 @@ def child(side: str, rounds: int, requests: int, prompt: int) -> None:
     print(json.dumps(check))
 
 
-def count(side: str, rounds: int, args: argparse.Namespace, valgrind: str, tmp: str) -> int:
-    out = os.path.join(tmp, f"{side}.{rounds}.out")
+def count(side: str, rounds: int, args: argparse.Namespace, valgrind: str, tmp: str) -> float:
+    """Instructions a call of ``side``'s counted loop (``rounds`` steps)."""
+    out = os.path.join(tmp, f"{side}.out")
     cmd = [valgrind, "--tool=callgrind", f"--callgrind-out-file={out}",
+           "--collect-atstart=no", "--toggle-collect=_operator_call",
            sys.executable, os.path.abspath(__file__), "--child", side, str(rounds),
            "--requests", str(args.requests), "--prompt", str(args.prompt)]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        sys.exit(f"{side} ({rounds} rounds) failed:\n{proc.stderr[-3000:]}")
+        sys.exit(f"{side} failed:\n{proc.stderr[-3000:]}")
+    check = json.loads(proc.stdout)
     with open(out) as f:
         for line in f:
             m = re.match(r"(?:summary|totals): (\d+)", line)
             if m:
-                return int(m.group(1))
+                if int(m.group(1)) == 0:
+                    sys.exit("callgrind counted nothing inside operator.call: this Python's "
+                             "symbols do not name _operator_call")
+                # Half the calls were the warm-up, outside the count.
+                return int(m.group(1)) / (check["calls"] / 2)
     sys.exit(f"no total in {out}")
 
 
@@ -131,8 +143,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64, help="running requests (64)")
     parser.add_argument("--prompt", type=int, default=24,
                         help="prompt tokens: a full block and a partial one (24)")
-    parser.add_argument("--rounds", default="50,150",
-                        help="the two loop lengths, steps over every request (50,150)")
+    parser.add_argument("--rounds", type=int, default=100,
+                        help="steps over every request in the counted loop (100)")
     parser.add_argument("--sides", default=",".join(SIDES), help="which of vllm,kvpool,empty")
     args = parser.parse_args()
     if args.child:
@@ -144,23 +156,19 @@ def main() -> None:
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         sys.exit("valgrind is not installed (apt-get install valgrind)")
-    r1, r2 = (int(x) for x in args.rounds.split(","))
-    if not 0 < r1 < r2:
-        sys.exit("--rounds: two loop lengths, the first smaller")
+    if args.rounds < 1:
+        sys.exit("--rounds: at least 1")
     sides = [s for s in args.sides.split(",") if s]
-    per_call = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for side in sides:
-            totals = []
-            for rounds in (r1, r2):
-                print(f"[count] {side}: {rounds} rounds under callgrind ...", file=sys.stderr,
-                      flush=True)
-                totals.append(count(side, rounds, args, valgrind, tmp))
-            per_call[side] = (totals[1] - totals[0]) / (2 * (r2 - r1) * args.requests)
+    print(f"[count] {', '.join(sides)}: {args.rounds} rounds each under callgrind, "
+          f"side by side (counts do not depend on load) ...", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(os.cpu_count() or 1) as ex:
+        futures = {side: ex.submit(count, side, args.rounds, args, valgrind, tmp)
+                   for side in sides}
+        per_call = {side: f.result() for side, f in futures.items()}
     import vllm
 
-    print(f"steady decode allocate_slots, vLLM {vllm.__version__}, {args.requests} requests, "
-          f"instructions a call (callgrind; the loop's share included)")
+    print(f"steady decode allocate_slots, vLLM {vllm.__version__}, {args.requests} requests x "
+          f"{args.rounds} steps, instructions a call (callgrind; the loop's share included)")
     print("| side | instructions a call | vs vLLM |")
     print("|---|---|---|")
     for side in sides:
