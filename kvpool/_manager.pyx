@@ -350,6 +350,16 @@ def refresh(self):
             return
 
 
+cdef inline object _req_blocks(_Group g, object rid):
+    # vLLM's ``req_to_blocks[request_id]``: the group's table read as a
+    # dict, falling back to the defaultdict's lookup, which adds an empty
+    # list for a request without one.
+    cdef PyObject *entry = PyDict_GetItemWithError(g.rtb, rid)
+    if entry != NULL:
+        return <object> entry
+    return PyObject_GetItem(g.rtb, rid)
+
+
 cdef Py_ssize_t _free_blocks(ManagerPlan p) except? -1:
     if p.pool_core is not None:
         return (<PoolCore> p.pool_core).st.num_free
@@ -402,7 +412,7 @@ cdef bint _window_has_left(ManagerPlan p, _Group g, object rid, Py_ssize_t proce
     cdef Py_ssize_t skipped, nblocks
     if processed - g.skip_off <= 0:
         return False
-    blocks = PyObject_GetItem(g.rtb, rid)
+    blocks = _req_blocks(g, rid)
     skipped = _floordiv(processed - g.skip_off, g.block_size)
     nblocks = len(blocks)
     if skipped > nblocks:
@@ -471,12 +481,12 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
         return 0
     p.n_cache_direct += 1
     if p.core_caches and todo.block_size == p.hash_block_size:
-        _core_caches(p, todo, request, PyObject_GetItem(todo.rtb, rid), todo_cached, todo_full)
+        _core_caches(p, todo, request, _req_blocks(todo, rid), todo_cached, todo_full)
         todo.ncb[rid] = todo_full
         return 0
     p.pool.cache_full_blocks(
         request=request,
-        blocks=PyObject_GetItem(todo.rtb, rid),
+        blocks=_req_blocks(todo, rid),
         num_cached_blocks=todo_cached,
         num_full_blocks=todo_full,
         block_size=todo.block_size,
@@ -639,7 +649,7 @@ cdef int _adopt(ManagerPlan p, object rid, object blocks, Py_ssize_t num_local_c
     cdef Py_ssize_t i, skipped
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
-        req_blocks = PyObject_GetItem(g.rtb, rid)
+        req_blocks = _req_blocks(g, rid)
         new = blocks[i]
         skipped = 0
         if g.sliding and num_local_computed - g.skip_off > 0:
@@ -717,7 +727,6 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     cdef Py_ssize_t new_tokens, new_computed, lookahead, reserved, computed, watermark = 0
     cdef Py_ssize_t full_tokens, need, main_tokens, processed, required, i, nnew, zero, total
     cdef bint any_new
-    cdef PyObject *entry
     plan = self._kvpool_plan
     if (
         plan is None
@@ -790,14 +799,7 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     any_new = False
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
-        # vLLM's ``req_to_blocks[request_id]``: a defaultdict's lookup,
-        # which adds an empty list for a request without one.
-        entry = PyDict_GetItemWithError(g.rtb, rid)
-        if entry == NULL:
-            blocks = PyObject_GetItem(g.rtb, rid)
-        else:
-            blocks = <object> entry
-        if _cdiv(need, g.block_size) > len(blocks):
+        if _cdiv(need, g.block_size) > len(_req_blocks(g, rid)):
             any_new = True
             break
     if not any_new:
@@ -808,7 +810,7 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     any_new = False
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
-        blocks = PyObject_GetItem(g.rtb, rid)
+        blocks = _req_blocks(g, rid)
         nnew = _cdiv(need, g.block_size) - len(blocks)
         if nnew <= 0:
             new = []
