@@ -1,4 +1,5 @@
 # Data layout of the compiled core (see _core.pyx for the why).
+cimport cython
 from cpython.object cimport PyObject
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
@@ -43,6 +44,9 @@ cdef class _Store:
     # The 0.24-0.29 blocks of the 0.33-style store: handles are
     # KVCacheBlock24 (no ``pool`` attribute).
     cdef bint no_pool
+    # The 0.34 blocks of the 0.33-style store: handles are KVCacheBlock34
+    # (``block_hash`` fields, ``pool`` a weak reference).
+    cdef bint v34
     # A queue built from an empty list: no block named its vLLM line yet;
     # the first block it adopts does (see _settle_kind).
     cdef bint unsettled
@@ -75,6 +79,10 @@ cdef class KVCacheBlock24(KVCacheBlock33):
     pass
 
 
+cdef class KVCacheBlock34(KVCacheBlock33):
+    pass
+
+
 cdef class FreeKVCacheBlockQueue:
     cdef _Store st
 
@@ -88,21 +96,46 @@ cdef class BlockHashToBlockMap:
     cdef PyObject **vals
     cdef uint64_t *hashes
 
+    @cython.final
     cdef int _alloc(self, Py_ssize_t cap) except -1
+    @cython.final
     cdef int _grow(self) except -1
+    @cython.final
     cdef Py_ssize_t find(self, const char *p, Py_ssize_t size, uint32_t g, uint64_t h) noexcept
+    @cython.final
     cdef Py_ssize_t find_key(self, bytes key) noexcept
+    @cython.final
     cdef PyObject *first_ptr(self, Py_ssize_t j) noexcept
+    @cython.final
     cdef object first_at(self, Py_ssize_t j)
+    @cython.final
     cdef PyObject *get_hg_ptr(self, PyObject *block_hash, uint32_t g) noexcept
+    @cython.final
     cdef object get_hg(self, object block_hash, uint32_t g)
+    @cython.final
     cdef int insert_key(self, bytes key, KVCacheBlock block) except -1
+    @cython.final
     cdef int insert_hg(self, bytes key, object block_hash, uint32_t g, KVCacheBlock block) except -1
+    @cython.final
     cdef int _insert(self, bytes key, Py_ssize_t j, uint64_t h, KVCacheBlock block) except -1
+    @cython.final
     cdef bint slot_has_id(self, Py_ssize_t j, int32_t block_id) noexcept
+    @cython.final
     cdef void delete_at(self, Py_ssize_t i) noexcept
+    @cython.final
     cdef object pop_id(self, Py_ssize_t j, object block_id)
+    @cython.final
     cdef bint pop_block(self, bytes key, KVCacheBlock b) except -1
+
+
+cdef class BlockHashToBlockMap34(BlockHashToBlockMap):
+    # vLLM 0.34's map is built over the pool's block list and shows block
+    # ids: `_blocks` is that list (a stand-alone map), or None with `_st`
+    # the pool's store (ids are indices there).
+    cdef object _block_list
+    cdef _Store _st
+
+    cdef object block_of(self, object block_id)
 
 
 cdef class PoolCore:
@@ -123,6 +156,8 @@ cdef class PoolCore:
     cdef FreeKVCacheBlockQueue _queue
     cdef _Store st
 
+    cdef BlockHashToBlockMap _new_map(self)
+    cdef int _free_seq(self, object ordered_blocks, bint evict_first) except -1
     cdef int _cache_run33(self, blocks, start, stop, block_hashes, Py_ssize_t scale,
                           group_id, block_size, block_mask, list removed,
                           list stored) except -1

@@ -1,5 +1,6 @@
 # Type stubs of the block-pool core. The compiled ``kvpool._core`` and its
 # pure-Python twin ``kvpool._core_py`` implement exactly this interface.
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, ClassVar
 
@@ -78,6 +79,30 @@ class KVCacheBlock24(KVCacheBlock33):
         is_null: bool = False,
     ) -> None: ...
 
+class KVCacheBlock34(KVCacheBlock33):
+    """A block of vLLM 0.34: plain ``block_hash`` / ``block_hash_num_tokens``
+    fields (``_block_hash`` and ``_block_hash_num_tokens`` raise
+    ``AttributeError``), and ``pool`` a weak reference to the pool."""
+
+    def __init__(  # type: ignore[override]
+        self,
+        block_id: int,
+        ref_cnt: int = 0,
+        block_hash: bytes | None = None,
+        block_hash_num_tokens: int | None = None,
+        prev_free_block: None = None,
+        next_free_block: None = None,
+        is_null: bool = False,
+        *,
+        pool: Any = None,
+    ) -> None: ...
+    @property
+    def block_hash_num_tokens(self) -> int | None: ...
+    @block_hash_num_tokens.setter
+    def block_hash_num_tokens(self, value: int | None) -> None: ...
+    @property
+    def pool(self) -> weakref.ref[Any] | None: ...
+
 class FreeKVCacheBlockQueue:
     """Free blocks in eviction order (least recently freed first), as a
     doubly linked list with O(1) removal from the middle."""
@@ -123,6 +148,21 @@ class BlockHashToBlockMap:
     def _del_entry(self, key: bytes, must_exist: bool = True) -> None: ...
     def _clear(self) -> None: ...
 
+class BlockHashToBlockMap34(BlockHashToBlockMap):
+    """vLLM 0.34's map over a block list: ``_cache`` shows key -> the id of
+    the earliest block (a live mapping the GC does not track), ``_dup_ids``
+    the ids of keys cached by several blocks; ``clear()`` empties it."""
+
+    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None: ...  # type: ignore[override]
+    @property
+    def _blocks(self) -> Sequence[KVCacheBlock]: ...
+    @property
+    def _cache(self) -> MutableMapping[bytes, int]: ...  # type: ignore[override]
+    @property
+    def _dup_ids(self) -> dict[bytes, dict[int, None]]: ...
+    def _id_snapshot(self) -> dict[bytes, int]: ...
+    def clear(self) -> None: ...
+
 class PoolCore:
     """The block bookkeeping of a ``BlockPool`` (the facade subclasses it).
 
@@ -166,6 +206,10 @@ class PoolCore:
         max_blocks: int | None = None,
     ) -> list[list[KVCacheBlock]]: ...
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None: ...
+    def _free_blocks34(
+        self, ordered_blocks: Iterable[KVCacheBlock], evict_first: bool = False
+    ) -> None:
+        """vLLM 0.34's ``free_blocks`` (the 0.34 facade binds it under that name)."""
     # Set by the facade; get_new_blocks and touch call the facade's
     # _get_new_blocks_with_hooks / _report_touch when events or metrics are on.
     hash_block_size: Any

@@ -161,6 +161,8 @@ cdef class _Store:
                 continue
             if self.no_pool:
                 b = KVCacheBlock24.__new__(KVCacheBlock24)
+            elif self.v34:
+                b = KVCacheBlock34.__new__(KVCacheBlock34)
             elif self.v33:
                 b = KVCacheBlock33.__new__(KVCacheBlock33)
             else:
@@ -298,6 +300,7 @@ cdef int _give_private_store(KVCacheBlock b, int32_t ref_cnt, uint8_t flags,
         Py_XDECREF(owned_hash)
         raise
     mine.no_pool = type(b) is KVCacheBlock24
+    mine.v34 = type(b) is KVCacheBlock34
     mine.ref_cnt[0] = ref_cnt
     mine.flags[0] = flags
     mine.hash[0] = owned_hash
@@ -380,7 +383,8 @@ cdef inline Py_ssize_t _index_in(_Store st, object o) except -1:
 
 cdef inline bint _is_block(object o) noexcept:
     """Exactly one of the handle classes (pointer compares)."""
-    return type(o) is KVCacheBlock or type(o) is KVCacheBlock33 or type(o) is KVCacheBlock24
+    return (type(o) is KVCacheBlock or type(o) is KVCacheBlock33 or type(o) is KVCacheBlock24
+            or type(o) is KVCacheBlock34)
 
 
 cdef int _settle_kind(_Store st, object cls) except -1:
@@ -393,7 +397,7 @@ cdef int _settle_kind(_Store st, object cls) except -1:
     # adds no C field, so they read the store alike).
     if st.nadopt or st.num_objs:
         return 0
-    if cls is KVCacheBlock33 or cls is KVCacheBlock24:
+    if cls is KVCacheBlock33 or cls is KVCacheBlock24 or cls is KVCacheBlock34:
         if st.ntok == NULL:
             st.ntok = <int64_t *> PyMem_Malloc(st.cap * sizeof(int64_t))
             if st.ntok == NULL:
@@ -402,15 +406,20 @@ cdef int _settle_kind(_Store st, object cls) except -1:
                 st.ntok[i] = NTOK_NONE
         st.v33 = True
         st.no_pool = cls is KVCacheBlock24
+        st.v34 = cls is KVCacheBlock34
     return 0
 
 
 cdef str _block_kind(object cls):
     """The line a handle class belongs to, in messages."""
+    if cls is KVCacheBlock34:
+        return "0.34"
     return "0.24-0.29" if cls is KVCacheBlock24 else ("0.33" if cls is KVCacheBlock33 else "0.15")
 
 
 cdef str _store_kind(_Store st):
+    if st.v34:
+        return "0.34"
     return "0.24-0.29" if st.no_pool else ("0.33" if st.v33 else "0.15")
 
 
@@ -624,6 +633,79 @@ cdef class KVCacheBlock24(KVCacheBlock33):
         raise AttributeError("'KVCacheBlock' object has no attribute 'pool'")
 
 
+@cython.final
+@cython.no_gc
+cdef class KVCacheBlock34(KVCacheBlock33):
+    """A block of vLLM 0.34: ``KVCacheBlock33`` whose hash fields are plain
+    ``block_hash`` / ``block_hash_num_tokens`` (no ``_block_hash``), and
+    whose ``pool`` is a weak reference to its pool, as 0.34's blocks hold
+    (``weakref.ref(pool)`` is the pool's own ``_weak_self``: CPython hands
+    out one plain reference per object, so ``block.pool is
+    pool._weak_self`` holds as in vLLM)."""
+
+    def __init__(
+        self,
+        block_id,
+        ref_cnt=0,
+        block_hash=None,
+        block_hash_num_tokens=None,
+        prev_free_block=None,
+        next_free_block=None,
+        is_null=False,
+        *,
+        pool=None,
+    ):
+        # vLLM passes its pool's weak reference; the stand-alone block keeps
+        # the pool itself (a stand-alone block is never one of a pool's).
+        if isinstance(pool, _weakref):
+            pool = pool()
+        _init_standalone(self, block_id, ref_cnt, block_hash, prev_free_block,
+                         next_free_block, is_null, _check_ntok(block_hash_num_tokens), pool)
+
+    @property
+    def block_hash_num_tokens(self):
+        cdef _Store st = _live_store(self)
+        cdef int64_t v = st.ntok[self._idx]
+        return None if v == NTOK_NONE else v
+
+    @block_hash_num_tokens.setter
+    def block_hash_num_tokens(self, value):
+        # A plain field in 0.34; the count is bookkeeping only (the map does
+        # not depend on it), so any int or None is taken.
+        cdef int64_t v = _check_ntok(value)
+        _live_store(self).ntok[self._idx] = v
+
+    @property
+    def _block_hash(self):
+        raise AttributeError("'KVCacheBlock' object has no attribute '_block_hash'")
+
+    @property
+    def _block_hash_num_tokens(self):
+        raise AttributeError("'KVCacheBlock' object has no attribute '_block_hash_num_tokens'")
+
+    @property
+    def pool(self):
+        """A weak reference to the pool this block belongs to (None for a
+        stand-alone block)."""
+        cdef _Store st = _live_store(self)
+        if st.flags[self._idx] & _ADOPTED:
+            return None
+        owner = _store_pool(st)
+        return None if owner is None else _weakref(owner)
+
+    def __repr__(self):
+        cdef _Store st = _live_store(self)
+        cdef int32_t p = st.prev[self._idx], nx = st.next[self._idx]
+        return (
+            f"KVCacheBlock(block_id={self._bid}, "
+            f"ref_cnt={st.ref_cnt[self._idx]}, "
+            f"block_hash={self.block_hash!r}, "
+            f"block_hash_num_tokens={self.block_hash_num_tokens}, "
+            f"prev_free_block={_neighbour_id(st, p)}, "
+            f"next_free_block={_neighbour_id(st, nx)})"
+        )
+
+
 cdef int _init_standalone(KVCacheBlock self, object block_id, object ref_cnt,
                           object block_hash, object prev_free_block,
                           object next_free_block, object is_null, int64_t ntok,
@@ -748,8 +830,10 @@ cdef class FreeKVCacheBlockQueue:
             if id(b) in seen:
                 raise ValueError(f"block {b._bid} appears twice")
             seen.add(id(b))
-        st = _Store(n, False, cls is KVCacheBlock33 or cls is KVCacheBlock24)
+        st = _Store(n, False, cls is KVCacheBlock33 or cls is KVCacheBlock24
+                    or cls is KVCacheBlock34)
         st.no_pool = cls is KVCacheBlock24
+        st.v34 = cls is KVCacheBlock34
         st.unsettled = n == 0
         st.owned = True
         # Blocks made with pool=P (vLLM builds a pool's queue from its
@@ -1068,7 +1152,8 @@ cdef inline bint _key_equals(object stored, const char *p, Py_ssize_t size, uint
 cdef uint64_t _SEED = 0
 
 
-@cython.final
+# Not final: vLLM 0.34's map (BlockHashToBlockMap34) extends it; its cdef
+# methods are final in _core.pxd, so they are still called directly.
 @cython.no_gc
 cdef class BlockHashToBlockMap:
     """Prefix-cache index: hash key -> block, or -> {block_id: block} when
@@ -1396,6 +1481,167 @@ cdef class BlockHashToBlockMap:
         return self.used
 
 
+@cython.final
+@cython.no_gc
+cdef class BlockHashToBlockMap34(BlockHashToBlockMap):
+    """vLLM 0.34's ``BlockHashToBlockMap(blocks)``: the same table, shown as
+    0.34 shows its map -- ``_cache`` maps a key to the id of the earliest
+    block cached under it, ``_dup_ids`` lists the ids of keys cached by
+    several blocks, ``clear()`` empties it in place. ``blocks`` is the list
+    ids index into (vLLM: the pool's ``blocks``); a block given to
+    ``insert`` must be the one at its id there, or the map would later hand
+    out another block under its id (``ValueError``)."""
+
+    def __init__(self, blocks):
+        self._block_list = blocks
+
+    cdef object block_of(self, object block_id):
+        """The block ``block_id`` names (``IndexError`` if none)."""
+        cdef Py_ssize_t i
+        if self._st is None:
+            return self._block_list[block_id]
+        if isinstance(block_id, bool) or not isinstance(block_id, int):
+            raise TypeError(f"a block id must be an int, got {type(block_id).__name__}")
+        if not 0 <= block_id < self._st.n:
+            raise IndexError(f"block id {block_id} is out of range [0, {self._st.n})")
+        i = block_id
+        return self._st.block(i)
+
+    @property
+    def _blocks(self):
+        """The list block ids index into (a pool's: its blocks)."""
+        if self._st is None:
+            return self._block_list
+        return [self._st.block(i) for i in range(self._st.n)]
+
+    def insert(self, key, block):
+        """Cache ``block`` under ``key`` (after any block already there)."""
+        _check_key(key)
+        if not isinstance(block, KVCacheBlock):
+            raise TypeError(f"expected a KVCacheBlock, got {type(block).__name__}")
+        try:
+            known = self.block_of((<KVCacheBlock> block)._bid)
+        except IndexError:
+            known = None
+        if known is not block:
+            raise ValueError(
+                f"block {(<KVCacheBlock> block)._bid} is not the block of that id "
+                "in the list this map was built over"
+            )
+        self.insert_key(key, <KVCacheBlock> block)
+
+    @property
+    def _cache(self):
+        """vLLM 0.34's private dict, as a live mapping over this table: key
+        -> id of the earliest block cached under it. Reading, ``pop``,
+        ``del`` and assigning an id (the key then names that block alone)
+        act on the table, as vLLM's tests do by hand; ``copy.copy`` gives a
+        plain dict. Not tracked by the garbage collector, as 0.34's dict."""
+        return _IdCacheView(self)
+
+    @property
+    def _dup_ids(self):
+        """A snapshot of vLLM 0.34's ``_dup_ids``: key -> ``{block_id: None}``
+        in insertion order, for the keys cached by several blocks."""
+        cdef Py_ssize_t j
+        ret = {}
+        for j in range(self.cap):
+            if self.keys[j] != NULL and type(<object> self.vals[j]) is dict \
+                    and len(<dict> self.vals[j]) > 1:
+                ret[<object> self.keys[j]] = dict.fromkeys(<dict> self.vals[j])
+        return ret
+
+    def _id_snapshot(self):
+        cdef Py_ssize_t j
+        ret = {}
+        for j in range(self.cap):
+            if self.keys[j] != NULL:
+                ret[<object> self.keys[j]] = (<KVCacheBlock> self.first_ptr(j))._bid
+        return ret
+
+    def clear(self):
+        """Forget every key (in place)."""
+        self._clear()
+
+
+@cython.final
+@cython.no_gc
+cdef class _IdCacheView:
+    """``BlockHashToBlockMap34._cache``: see that property."""
+
+    cdef BlockHashToBlockMap34 _map
+
+    def __cinit__(self, BlockHashToBlockMap34 hash_map not None):
+        self._map = hash_map
+
+    def __getitem__(self, key):
+        block = self._map.get_one_block(key)
+        if block is None:
+            raise KeyError(key)
+        return block.block_id
+
+    def __setitem__(self, key, block_id):
+        self._map._set_entry(key, self._map.block_of(block_id))
+
+    def __delitem__(self, key):
+        self._map._del_entry(key)
+
+    def __contains__(self, key):
+        return PyBytes_Check(key) and self._map.get_one_block(key) is not None
+
+    def get(self, key, default=None):
+        block = self._map.get_one_block(key) if PyBytes_Check(key) else None
+        return default if block is None else block.block_id
+
+    def pop(self, key, *default):
+        if len(default) > 1:
+            raise TypeError(f"pop expected at most 2 arguments, got {1 + len(default)}")
+        block = self._map.get_one_block(key) if PyBytes_Check(key) else None
+        if block is None:
+            if default:
+                return default[0]
+            raise KeyError(key)
+        self._map._del_entry(key)
+        return block.block_id
+
+    def clear(self):
+        self._map._clear()
+
+    def __iter__(self):
+        return iter(self._map._id_snapshot())
+
+    def __len__(self):
+        return len(self._map)
+
+    def keys(self):
+        return self._map._id_snapshot().keys()
+
+    def values(self):
+        return self._map._id_snapshot().values()
+
+    def items(self):
+        return self._map._id_snapshot().items()
+
+    def copy(self):
+        return self._map._id_snapshot()
+
+    def __copy__(self):
+        return self._map._id_snapshot()
+
+    def __eq__(self, other):
+        if isinstance(other, _IdCacheView):
+            other = other.copy()
+        return self._map._id_snapshot() == other
+
+    def __ne__(self, other):
+        return not self == other
+
+    __hash__ = None
+
+    def __repr__(self):
+        return repr(self._map._id_snapshot())
+
+
 cdef list _entry_blocks(object value):
     """The blocks of a ``_cache`` entry: a block, or a non-empty
     ``{block_id: block}`` dict whose keys are the blocks' ids."""
@@ -1447,7 +1693,9 @@ cdef class PoolCore:
     _kvpool_free_caching_off = "front"
     #: With the 0.33-style store: True, blocks show their pool (``pool``
     #: field and argument, vLLM 0.30 and later: ``KVCacheBlock33``); False,
-    #: they do not (vLLM 0.24-0.29: ``KVCacheBlock24``).
+    #: they do not (vLLM 0.24-0.29: ``KVCacheBlock24``); ``"weak"``, as a
+    #: weak reference, with 0.34's block fields and its map over block ids
+    #: (vLLM 0.34: ``KVCacheBlock34``, ``BlockHashToBlockMap34``).
     _kvpool_block_pool = True
 
     def __cinit__(self, num_gpu_blocks, *args, **kwargs):
@@ -1464,6 +1712,7 @@ cdef class PoolCore:
         cls = type(self)
         st = _Store(n, False, cls._kvpool_line == 33)
         st.no_pool = st.v33 and not cls._kvpool_block_pool
+        st.v34 = st.v33 and cls._kvpool_block_pool == "weak"
         self._count_null = bool(cls._kvpool_counts_null)
         self._free_off = _free_caching_off_rule(cls)
         st.owned = True
@@ -1485,7 +1734,7 @@ cdef class PoolCore:
         st.materialise(0, 1)
         self.st = st
         self._queue = _queue_over(st)
-        self._map = BlockHashToBlockMap()
+        self._map = self._new_map()
         self._blocks = None
         self._by_block = {}
         self._watchers = {}
@@ -1758,6 +2007,17 @@ cdef class PoolCore:
         free queue's tail in the given order (callers pass a request's blocks
         in reverse, so the chain's tail is evicted before its shared prefix).
         Null blocks are skipped."""
+        self._free_seq(ordered_blocks, False)
+
+    def _free_blocks34(self, ordered_blocks, evict_first=False):
+        """vLLM 0.34's ``free_blocks(ordered_blocks, evict_first=False)``
+        (bound as ``free_blocks`` by the 0.34 facade): with ``evict_first``,
+        released cached blocks go to the queue's front too (their contents
+        are held by another tier), and other pools' blocks are handed on
+        with the flag."""
+        self._free_seq(ordered_blocks, bool(evict_first))
+
+    cdef int _free_seq(self, object ordered_blocks, bint evict_first) except -1:
         cdef object seq
         cdef Py_ssize_t idx
         cdef bint v33 = self.st.v33
@@ -1769,22 +2029,24 @@ cdef class PoolCore:
             state = ordered_blocks.__reduce__()
             ordered_blocks.__setstate__(-1)
             if len(state) != 3:
-                return  # already exhausted
+                return 0  # already exhausted
             seq = state[1][0]
             idx = state[2]
             if type(seq) is not list or idx < 0 or idx >= PyList_GET_SIZE(seq):
-                return  # as iterating it would have ended at once
+                return 0  # as iterating it would have ended at once
             if v33:
-                _free33(self, PySequence_Fast_ITEMS(seq) + idx, idx + 1, -1)
+                _free33(self, PySequence_Fast_ITEMS(seq) + idx, idx + 1, -1, evict_first)
             else:
                 _free(self.st, PySequence_Fast_ITEMS(seq) + idx, idx + 1, -1, self._count_null)
-            return
+            return 0
         seq = PySequence_Fast(ordered_blocks, "ordered_blocks must be iterable")
         if v33:
-            _free33(self, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq), 1)
+            _free33(self, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq), 1,
+                    evict_first)
         else:
             _free(self.st, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq), 1,
                   self._count_null)
+        return 0
 
     def _allocate(self, num_blocks, bint evict, list removed):
         return _allocate(self.st, num_blocks, evict, self._map, removed, self._by_block)
@@ -2047,19 +2309,31 @@ cdef class PoolCore:
                 PyList_Append(stored, <object> h)
         return 0
 
+    cdef BlockHashToBlockMap _new_map(self):
+        cdef BlockHashToBlockMap34 m
+        if not self.st.v34:
+            return BlockHashToBlockMap()
+        m = BlockHashToBlockMap34.__new__(BlockHashToBlockMap34)
+        m._st = self.st
+        return m
+
     def _reset_cache(self):
         """Forget every hash key (a new, empty map); only when no block but
         the null block is in use."""
         if self.st.n - self.st.num_free != 1:
             return False
-        self._map = BlockHashToBlockMap()
+        self._clear_map()
         self._reset_hashes()
         return True
 
     def _clear_map(self):
-        """Give the pool a new, empty map (0.33's reset does this before it
-        fires the reuse watchers, and resets the blocks' hashes after)."""
-        self._map = BlockHashToBlockMap()
+        """Empty the map: a new one, as 0.33's reset does before it fires
+        the reuse watchers (it resets the blocks' hashes after); 0.34 clears
+        its map in place (a new one would miss vLLM's startup gc.freeze())."""
+        if self.st.v34:
+            self._map._clear()
+        else:
+            self._map = BlockHashToBlockMap()
 
     def _reset_hashes(self):
         cdef _Store st = self.st
@@ -2220,7 +2494,8 @@ cdef bint _evict33(_Store st, BlockHashToBlockMap cache, Py_ssize_t i,
     return any_removed
 
 
-cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t stride) except -1:
+cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t stride,
+                 bint evict_first=False) except -1:
     """vLLM 0.33's free_blocks over ``items[0], items[stride], ...``: null
     blocks are skipped (rule ``_kvpool_counts_null``: this pool's loses a
     reference, another pool's is handed to that pool); blocks of another pool are handed to that pool's
@@ -2231,7 +2506,9 @@ cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t strid
     head if they have no hash (or caching is off) -- they can never be a
     prefix hit, so they are reused first -- else to its tail (LRU), in the
     order of the appearance that released them. A call that raises has
-    changed nothing."""
+    changed nothing. ``evict_first`` (vLLM 0.34): every released block goes
+    to the head, and other pools get the flag too; a block whose pool is
+    gone (vLLM 0.34's blocks hold it weakly) is skipped, as vLLM skips it."""
     cdef _Store st = pool.st
     cdef Py_ssize_t j, i, done = 0
     cdef bint count_null = pool._count_null
@@ -2239,8 +2516,10 @@ cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t strid
     # `by_hash` (caching on, or rule "by_hash"), all of them; rule "back"
     # then links that run at the tail instead (outside the loop, which keeps
     # its one compare).
-    cdef bint by_hash = pool._caching or pool._free_off == _FREE_OFF_BY_HASH
-    cdef bint first_to_back = not by_hash and pool._free_off == _FREE_OFF_BACK
+    cdef bint by_hash = (pool._caching or pool._free_off == _FREE_OFF_BY_HASH) \
+        and not evict_first
+    cdef bint first_to_back = not by_hash and pool._free_off == _FREE_OFF_BACK \
+        and not evict_first
     cdef int32_t head = <int32_t> st.n, tail = <int32_t> (st.n + 1)
     cdef int32_t f_first = -1, f_last = -1, l_first = -1, l_last = -1, p
     cdef Py_ssize_t nfirst = 0, nlast = 0
@@ -2259,6 +2538,9 @@ cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t strid
                 if other is None or other is pool:
                     bad = <object> o  # not this pool's block
                     break
+                if other is _POOL_GONE:
+                    done += 1
+                    continue
                 if others is None:
                     others = {}
                 group = others.get(other)
@@ -2335,7 +2617,10 @@ cdef int _free33(PoolCore pool, PyObject **items, Py_ssize_t n, Py_ssize_t strid
     st.num_free += nfirst + nlast
     if others is not None:
         for other, group in others.items():
-            other.free_blocks(group)
+            if evict_first:
+                other.free_blocks(group, evict_first=True)
+            else:
+                other.free_blocks(group)
     return 0
 
 
@@ -2358,14 +2643,30 @@ cdef object _store_pool(_Store st):
     return None
 
 
+# _pool_of's answer for a vLLM 0.34 block whose pool was collected.
+cdef object _POOL_GONE = object()
+
+
 cdef object _pool_of(object o):
     """The pool of a block of another pool: a kvpool block's pool, or the
-    ``pool`` attribute of a vLLM block; None if it has none."""
+    ``pool`` attribute of a vLLM block (dereferenced if it is a weak
+    reference, as 0.34's: ``_POOL_GONE`` if that pool is gone); None if it
+    has none."""
+    cdef _Store st
     if _is_block(o):
-        return _store_pool(<_Store> (<KVCacheBlock> o)._st)
+        st = <_Store> (<KVCacheBlock> o)._st
+        owner = _store_pool(st)
+        if owner is None and st.v34 and not st.private:
+            return _POOL_GONE  # a 0.34 block outliving its pool, as vLLM's
+        return owner
     if not hasattr(o, "block_id"):
         raise TypeError(f"expected a KVCacheBlock, got {type(o).__name__}")
-    return getattr(o, "pool", None)
+    owner = getattr(o, "pool", None)
+    if isinstance(owner, _weakref):
+        owner = owner()
+        if owner is None:
+            return _POOL_GONE
+    return owner
 
 
 def _seed_hash():

@@ -30,8 +30,9 @@ cost (almost) nothing per block:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 from itertools import islice
+from weakref import ref as _weakref
 from typing import Any
 
 from ._rules import FREE_CACHING_OFF as _FREE_CACHING_OFF
@@ -41,6 +42,8 @@ __all__ = [
     "KVCacheBlock",
     "KVCacheBlock33",
     "KVCacheBlock24",
+    "KVCacheBlock34",
+    "BlockHashToBlockMap34",
     "FreeKVCacheBlockQueue",
     "BlockHashToBlockMap",
     "PoolCore",
@@ -319,6 +322,62 @@ class KVCacheBlock24(KVCacheBlock33):
     @property
     def pool(self) -> Any:
         raise AttributeError("'KVCacheBlock' object has no attribute 'pool'")
+
+
+class KVCacheBlock34(KVCacheBlock33):
+    """A block of vLLM 0.34: plain ``block_hash`` / ``block_hash_num_tokens``
+    fields (no ``_block_hash``) and ``pool`` a weak reference to its pool
+    (as the compiled core's subclass)."""
+
+    def __init__(
+        self,
+        block_id: int,
+        ref_cnt: int = 0,
+        block_hash: bytes | None = None,
+        block_hash_num_tokens: int | None = None,
+        prev_free_block: None = None,
+        next_free_block: None = None,
+        is_null: bool = False,
+        *,
+        pool: Any = None,
+    ) -> None:
+        if isinstance(pool, _weakref):
+            pool = pool()
+        super().__init__(
+            block_id, ref_cnt, block_hash, block_hash_num_tokens, prev_free_block,
+            next_free_block, is_null, pool=pool,
+        )
+
+    @property
+    def block_hash_num_tokens(self) -> int | None:
+        return self._ntok
+
+    @block_hash_num_tokens.setter
+    def block_hash_num_tokens(self, value: int | None) -> None:
+        self._ntok = _check_ntok(value)
+
+    @property
+    def _block_hash(self) -> Any:
+        raise AttributeError("'KVCacheBlock' object has no attribute '_block_hash'")
+
+    @property
+    def _block_hash_num_tokens(self) -> Any:
+        raise AttributeError("'KVCacheBlock' object has no attribute '_block_hash_num_tokens'")
+
+    @property
+    def pool(self) -> Any:
+        return None if self._pool is None else _weakref(self._pool)
+
+    def __repr__(self) -> str:
+        prev, next_ = self.prev_free_block, self._next
+        return (
+            f"KVCacheBlock(block_id={self._block_id}, "
+            f"ref_cnt={self._ref_cnt}, "
+            f"block_hash={self._hash!r}, "
+            f"block_hash_num_tokens={self._ntok}, "
+            f"prev_free_block={None if prev is None else prev._block_id}, "
+            f"next_free_block={None if next_ is None else next_._block_id})"
+        )
 
 
 def _make_sentinel(cls: type = KVCacheBlock) -> KVCacheBlock:
@@ -635,12 +694,21 @@ class BlockHashToBlockMap:
     """
 
     def __init__(self) -> None:
-        self._cache: dict[bytes, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+        self._table: dict[bytes, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+
+    @property
+    def _cache(self) -> dict[bytes, Any]:
+        """vLLM's private dict (0.15-0.33): the table itself."""
+        return self._table
+
+    @_cache.setter
+    def _cache(self, entries: dict[bytes, Any]) -> None:
+        self._table = entries
 
     def get_one_block(self, key: bytes) -> KVCacheBlock | None:
         """The earliest-inserted block cached under ``key``, or None."""
         _check_hash(key, "key")
-        entry = self._cache.get(key)
+        entry = self._table.get(key)
         if entry.__class__ is dict:
             return next(iter(entry.values()))
         return entry
@@ -653,7 +721,7 @@ class BlockHashToBlockMap:
         self._insert(key, block)
 
     def _insert(self, key: bytes, block: KVCacheBlock) -> None:
-        cache = self._cache
+        cache = self._table
         entry = cache.get(key)
         if entry is None:
             cache[key] = block
@@ -665,7 +733,7 @@ class BlockHashToBlockMap:
     def contain(self, key: bytes, block_id: int) -> bool:
         """Whether the block ``block_id`` is cached under ``key``."""
         _check_hash(key, "key")
-        entry = self._cache.get(key)
+        entry = self._table.get(key)
         if entry is None:
             return False
         if entry.__class__ is dict:
@@ -679,7 +747,7 @@ class BlockHashToBlockMap:
         return self._pop(key, block_id)
 
     def _pop(self, key: bytes, block_id: int) -> KVCacheBlock | None:
-        cache = self._cache
+        cache = self._table
         entry = cache.get(key)
         if entry is None:
             return None
@@ -694,7 +762,98 @@ class BlockHashToBlockMap:
         return None
 
     def __len__(self) -> int:
-        return len(self._cache)
+        return len(self._table)
+
+
+class BlockHashToBlockMap34(BlockHashToBlockMap):
+    """vLLM 0.34's ``BlockHashToBlockMap(blocks)``: the same table, shown as
+    0.34 shows it -- ``_cache`` maps a key to the id of its earliest block,
+    ``_dup_ids`` lists the ids of keys cached by several blocks, ``clear()``
+    empties it in place (as the compiled core's subclass). A block given to
+    ``insert`` must be the one at its id in ``blocks``."""
+
+    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
+        super().__init__()
+        self._blocks = blocks
+
+    def insert(self, key: bytes, block: KVCacheBlock) -> None:
+        """Cache ``block`` under ``key``, after the blocks already there."""
+        _check_hash(key, "key")
+        if not isinstance(block, KVCacheBlock):
+            raise TypeError(f"block must be a KVCacheBlock, got {type(block).__name__}")
+        blocks = self._blocks
+        if not 0 <= block._block_id < len(blocks) or blocks[block._block_id] is not block:
+            raise ValueError(
+                f"block {block._block_id} is not the block of that id in the list "
+                "this map was built over"
+            )
+        self._insert(key, block)
+
+    @property
+    def _cache(self) -> _IdCacheView:
+        """vLLM 0.34's private dict, live: key -> id of the earliest block."""
+        return _IdCacheView(self)
+
+    @property
+    def _dup_ids(self) -> dict[bytes, dict[int, None]]:
+        """A snapshot of vLLM 0.34's ``_dup_ids``."""
+        return {
+            key: dict.fromkeys(entry)
+            for key, entry in self._table.items()
+            if entry.__class__ is dict and len(entry) > 1
+        }
+
+    def _id_snapshot(self) -> dict[bytes, int]:
+        return {
+            key: next(iter(entry)) if entry.__class__ is dict else entry._block_id
+            for key, entry in self._table.items()
+        }
+
+    def clear(self) -> None:
+        """Forget every key (in place)."""
+        self._table.clear()
+
+
+class _IdCacheView(MutableMapping):
+    """``BlockHashToBlockMap34._cache``: see that property."""
+
+    __slots__ = ("_map",)
+
+    def __init__(self, hash_map: BlockHashToBlockMap34) -> None:
+        self._map = hash_map
+
+    def __getitem__(self, key: bytes) -> int:
+        entry = self._map._table[key]
+        return next(iter(entry)) if entry.__class__ is dict else entry._block_id
+
+    def __setitem__(self, key: bytes, block_id: int) -> None:
+        _check_hash(key, "key")
+        block = self._map._blocks[block_id]
+        self._map._table[key] = block
+
+    def __delitem__(self, key: bytes) -> None:
+        del self._map._table[key]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(list(self._map._table))
+
+    def __len__(self) -> int:
+        return len(self._map._table)
+
+    def copy(self) -> dict[bytes, int]:
+        return self._map._id_snapshot()
+
+    __copy__ = copy
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _IdCacheView):
+            other = other.copy()
+        return self._map._id_snapshot() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._map._id_snapshot())
 
 
 class PoolCore:
@@ -728,7 +887,9 @@ class PoolCore:
     _kvpool_free_caching_off = "front"
     #: With the 0.33-style store: True, blocks show their pool (``pool``
     #: field and argument, vLLM 0.30 and later: ``KVCacheBlock33``); False,
-    #: they do not (vLLM 0.24-0.29: ``KVCacheBlock24``).
+    #: they do not (vLLM 0.24-0.29: ``KVCacheBlock24``); ``"weak"``, as a
+    #: weak reference, with 0.34's block fields and its map over block ids
+    #: (vLLM 0.34: ``KVCacheBlock34``, ``BlockHashToBlockMap34``).
     _kvpool_block_pool = True
 
     def __new__(cls, num_gpu_blocks: int, *args: Any, **kwargs: Any) -> PoolCore:
@@ -745,6 +906,8 @@ class PoolCore:
             # As vLLM 0.33, every block refers to its pool (a cycle the GC
             # collects; the compiled core keeps this reference borrowed).
             block_cls = KVCacheBlock33 if cls._kvpool_block_pool else KVCacheBlock24
+            if cls._kvpool_block_pool == "weak":
+                block_cls = KVCacheBlock34
             queue, blocks = FreeKVCacheBlockQueue._for_pool(num_gpu_blocks, block_cls, self)
         else:
             queue, blocks = FreeKVCacheBlockQueue._for_pool(num_gpu_blocks)
@@ -761,7 +924,8 @@ class PoolCore:
         self._blocks = blocks
         self._queue = queue
         self._tok = queue._tok
-        self._map = BlockHashToBlockMap()
+        self._v34 = v33 and cls._kvpool_block_pool == "weak"
+        self._map = BlockHashToBlockMap34(blocks) if self._v34 else BlockHashToBlockMap()
         self._null_block = null_block
         return self
 
@@ -862,7 +1026,7 @@ class PoolCore:
         None if any group misses."""
         if not isinstance(block_hash, bytes):
             _check_hash(block_hash, "block_hash")
-        cache = self._map._cache
+        cache = self._map._table
         ret = []
         for group_id in kv_cache_group_ids:
             if group_id.__class__ is int:
@@ -899,7 +1063,7 @@ class PoolCore:
             return []
         suffixes = [_group_suffix(g) for g in group_ids]
         ret: list[list[KVCacheBlock]] = [[] for _ in suffixes]
-        cache = self._map._cache
+        cache = self._map._table
         for block_hash in islice(hashes, max_blocks):
             if not isinstance(block_hash, bytes):
                 _check_hash(block_hash, "block_hash")
@@ -996,7 +1160,7 @@ class PoolCore:
         reverse, so a chain's tail is evicted before its shared prefix)."""
         blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
         if self._v33:
-            return self._free33(blocks)
+            return self._free33(blocks, False)
         tok = self._tok
         count_null = self._count_null
         null_underflow = False
@@ -1289,7 +1453,15 @@ class PoolCore:
         block._ntok = None
         return any_removed
 
-    def _free33(self, blocks: list[Any]) -> None:
+    def _free_blocks34(self, ordered_blocks: Iterable[Any], evict_first: bool = False) -> None:
+        """vLLM 0.34's ``free_blocks(ordered_blocks, evict_first=False)``
+        (the 0.34 facade's ``free_blocks``): with ``evict_first`` released
+        cached blocks go to the front as well, and other pools' blocks are
+        handed on with the flag."""
+        blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
+        self._free33(blocks, bool(evict_first))
+
+    def _free33(self, blocks: list[Any], evict_first: bool) -> None:
         """vLLM 0.33's free_blocks: null blocks skipped (rule
         ``_kvpool_counts_null``: this pool's loses a reference, another
         pool's is handed to that pool); another pool's blocks
@@ -1315,6 +1487,13 @@ class PoolCore:
                     other = (
                         block._pool if isinstance(block, KVCacheBlock) else getattr(block, "pool", None)
                     )
+                    if isinstance(other, _weakref):
+                        # vLLM 0.34's blocks hold their pool weakly; a block
+                        # whose pool is gone is skipped, as vLLM skips it.
+                        other = other()
+                        if other is None:
+                            done += 1
+                            continue
                     if other is None or other is self:
                         bad = block
                         break
@@ -1351,8 +1530,10 @@ class PoolCore:
         # `by_hash` (caching on, or rule "by_hash"), all of them; rule "back"
         # then appends that run instead.
         off = self._free_off
-        by_hash = bool(self.enable_caching) or off == _FREE_CACHING_OFF["by_hash"]
-        first_to_back = not by_hash and off == _FREE_CACHING_OFF["back"]
+        by_hash = (
+            bool(self.enable_caching) or off == _FREE_CACHING_OFF["by_hash"]
+        ) and not evict_first
+        first_to_back = not by_hash and off == _FREE_CACHING_OFF["back"] and not evict_first
         first: list[KVCacheBlock] = []
         last: list[KVCacheBlock] = []
         seen: set[int] = set()
@@ -1372,7 +1553,10 @@ class PoolCore:
             queue.prepend_n(first)
         queue.append_n(last)
         for other, group in others.items():
-            other.free_blocks(group)
+            if evict_first:
+                other.free_blocks(group, evict_first=True)
+            else:
+                other.free_blocks(group)
 
     def _claim(self, blocks: Sequence[KVCacheBlock], evict: bool, removed: list[bytes] | None) -> None:
         """0.33's get_new_blocks after the pop (and the reuse watchers): each
@@ -1496,7 +1680,7 @@ class PoolCore:
                 self._evict33(block, removed)
             block_hash = hl[(off + j + 1) * scale - 1]
             key = block_hash + suffix
-            entry = cache._cache.get(key)
+            entry = cache._table.get(key)
             present = entry is not None and (
                 block._block_id in entry if entry.__class__ is dict
                 else entry._block_id == block._block_id
@@ -1513,13 +1697,17 @@ class PoolCore:
         if self._num_gpu_blocks - self._queue._num_free != 1:
             return False
         self._check_blocks_list()  # before anything changes
-        self._map = BlockHashToBlockMap()
+        self._clear_map()
         self._forget_hashes()
         return True
 
     def _clear_map(self) -> None:
-        """A new, empty map (0.33's reset: before the reuse watchers fire)."""
-        self._map = BlockHashToBlockMap()
+        """Empty the map: a new one (0.33's reset: before the reuse watchers
+        fire), or in place (0.34's)."""
+        if self._v34:
+            self._map.clear()
+        else:
+            self._map = BlockHashToBlockMap()
 
     def _check_blocks_list(self) -> None:
         blocks = self._blocks

@@ -943,7 +943,7 @@ def get_block_ids(self, allow_none=False, *, group_ids=None):
     return out
 
 
-cdef object _computed_blocks(self, request, max_cache_hit_length):
+cdef object _computed_blocks(self, request, max_cache_hit_length, bint hit_limit=False):
     # KVCacheManager.get_computed_blocks when the plan looks up directly (one
     # full-attention group of the unitary coordinator whose block is the hash
     # block: vLLM's find_longest_cache_hit is then a walk from the first
@@ -956,10 +956,17 @@ cdef object _computed_blocks(self, request, max_cache_hit_length):
         return _VLLM
     p = <ManagerPlan> plan
     p.n_lookups += 1
-    if not (self.enable_caching and not request.skip_reading_prefix_cache):
-        return p.empty, 0, 0
-    if max_cache_hit_length is None:
-        max_cache_hit_length = request.num_tokens - 1
+    if hit_limit:
+        # 0.34: the request bounds its own hits (prefix_cache_hit_limit: 0
+        # skips the lookup), and an explicit bound can only lower them.
+        if not (self.enable_caching and request.prefix_cache_hit_limit != 0):
+            return p.empty, 0, 0
+        max_cache_hit_length = request.get_max_cache_hit_length(max_cache_hit_length)
+    else:
+        if not (self.enable_caching and not request.skip_reading_prefix_cache):
+            return p.empty, 0, 0
+        if max_cache_hit_length is None:
+            max_cache_hit_length = request.num_tokens - 1
     hashes = request.block_hashes
     if not _count(max_cache_hit_length, &max_length) or max_length < 0 \
             or not PyList_CheckExact(hashes):
@@ -993,6 +1000,16 @@ def get_computed_blocks(self, request, max_cache_hit_length=None):
     return result
 
 
+def get_computed_blocks_0_34(self, request, max_cache_hit_length=None):
+    """vLLM 0.34's ``KVCacheManager.get_computed_blocks`` (the request's
+    ``prefix_cache_hit_limit`` and ``get_max_cache_hit_length``), as
+    ``get_computed_blocks``."""
+    result = _computed_blocks(self, request, max_cache_hit_length, True)
+    if result is _VLLM:
+        return _vllm_base(self, "get_computed_blocks")(self, request, max_cache_hit_length)
+    return result
+
+
 def get_computed_blocks_0_30(self, request):
     """vLLM 0.30-0.32's ``KVCacheManager.get_computed_blocks`` (no
     ``max_cache_hit_length``), as ``get_computed_blocks``."""
@@ -1003,10 +1020,22 @@ def get_computed_blocks_0_30(self, request):
 
 
 def estimate_cached_tokens(self, request):
-    """vLLM's ``KVCacheManager.estimate_cached_tokens``: per prefix-cacheable
-    group the most tokens a block's hash of the request covers, the least of
-    those over the groups (0 for none)."""
+    """vLLM's ``KVCacheManager.estimate_cached_tokens`` (0.30-0.33): per
+    prefix-cacheable group the most tokens a block's hash of the request
+    covers, the least of those over the groups (0 for none)."""
+    return _estimate_cached_tokens(self, request, False)
+
+
+def estimate_cached_tokens_0_34(self, request):
+    """vLLM 0.34's ``estimate_cached_tokens``: as 0.33's, but a group counts
+    the tokens of its last block with a non-zero count (0.34 relies on
+    coverage growing along the table)."""
+    return _estimate_cached_tokens(self, request, True)
+
+
+cdef object _estimate_cached_tokens(self, request, bint last):
     cdef _Group g
+    cdef Py_ssize_t j
     plan = self._kvpool_plan
     if plan is None:
         return _vllm_base(self, "estimate_cached_tokens")(self, request)
@@ -1018,10 +1047,17 @@ def estimate_cached_tokens(self, request):
             continue
         entry = g.rtb.get(rid) or ()
         group_cached = 0
-        for block in entry:
-            covered = block.block_hash_num_tokens or 0
-            if covered > group_cached:
-                group_cached = covered
+        if last:
+            for j in range(len(entry) - 1, -1, -1):
+                covered = entry[j].block_hash_num_tokens
+                if covered:
+                    group_cached = covered
+                    break
+        else:
+            for block in entry:
+                covered = block.block_hash_num_tokens or 0
+                if covered > group_cached:
+                    group_cached = covered
         if cached_tokens is None or group_cached < cached_tokens:
             cached_tokens = group_cached
     return cached_tokens or 0

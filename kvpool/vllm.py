@@ -124,6 +124,8 @@ VLLM_LINES = (
     VLLMLine("0.31", ("0.31.0",), "kvpool.v0_31", "kvpool.v0_31.kv_cache_manager"),
     VLLMLine("0.32", ("0.32.0",), "kvpool.v0_32", "kvpool.v0_32.kv_cache_manager"),
     VLLMLine("0.33", ("0.33.0",), "kvpool.v0_33", "kvpool.v0_33.kv_cache_manager"),
+    # 0.34: the 0.33 line plus what 0.34 changed (kvpool/v0_34 says what).
+    VLLMLine("0.34", ("0.34.0",), "kvpool.v0_34", "kvpool.v0_34.kv_cache_manager"),
 )
 
 #: The release series of the first line, as (major, minor); kept for code

@@ -43,8 +43,9 @@ logger = logging.getLogger("kvpool.vllm")
 ENV_VAR = "KVPOOL_VLLM_HASHER"
 
 #: vLLM lines whose hasher this one reproduces (major, minor); 0.15.1 and
-#: 0.16.0 have the same ``kv_cache_utils``.
-SUPPORTED_VLLM_LINES = ((0, 15), (0, 16), (0, 33))
+#: 0.16.0 have the same ``kv_cache_utils``; 0.34 hashes as 0.33 (its hasher
+#: slices the token buffer without making ints first: the same bytes).
+SUPPORTED_VLLM_LINES = ((0, 15), (0, 16), (0, 33), (0, 34))
 
 _lock = threading.RLock()
 _rebinding = Rebinding("get_request_block_hasher", ("vllm.v1.engine.core",))

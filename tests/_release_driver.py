@@ -40,6 +40,7 @@ import inspect
 import itertools
 import random
 import re
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -103,6 +104,12 @@ class Features:
     block_pool_attr: bool = True  # KVCacheBlock.pool: cross-pool frees  (0.30+)
     unpin: bool = True  # unpin_blocks + reuse watchers  (0.30+)
     stored_fields: tuple[str, ...] = tuple(_STORED_033)  # BlockStored's struct fields
+    # KVCacheBlock._block_hash (and _block_hash_num_tokens): the hash fields'
+    # private names  (before 0.34: plain fields from then on)
+    private_hash_fields: bool = True
+    weak_pool: bool = False  # KVCacheBlock.pool is a weak reference  (0.34+)
+    evict_first: bool = False  # free_blocks(evict_first=)  (0.34+)
+    map_ids: bool = False  # the map's _cache shows block ids, _dup_ids the shared keys  (0.34+)
 
     @property
     def medium(self) -> bool:  # the medium argument  (0.30+)
@@ -132,7 +139,7 @@ class Features:
             partial=hasattr(pool, "cache_partial_block")
             and hasattr(pool, "cached_block_hashes_by_block")
             and hasattr(block, "set_block_hash")
-            and hasattr(block, "_block_hash_num_tokens"),
+            and hasattr(block, "block_hash_num_tokens"),
             replace_hashes=hasattr(pool, "cache_partial_block")
             and "replace_existing_hashes" in params(pool_cls.cache_partial_block),
             emit_cached=hasattr(pool, "emit_cached_block_events"),
@@ -142,6 +149,10 @@ class Features:
             block_pool_attr=hasattr(block, "pool"),
             unpin=hasattr(pool, "unpin_blocks"),
             stored_fields=tuple(stored_cls.__struct_fields__),
+            private_hash_fields=hasattr(block, "_block_hash"),
+            weak_pool=isinstance(getattr(block, "pool", None), weakref.ref),
+            evict_first="evict_first" in params(pool_cls.free_blocks),
+            map_ids=hasattr(pool.cached_block_hash_to_block, "_dup_ids"),
         )
 
     def describe(self) -> str:
@@ -270,6 +281,11 @@ class FakeRequest:
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
 
+    @property
+    def _all_token_ids(self) -> list[int]:
+        # What vLLM 0.34's block hasher slices (a token buffer there).
+        return self.all_token_ids
+
     def __repr__(self) -> str:
         lora = self.lora_request.lora_name if self.lora_request else None
         return (
@@ -352,22 +368,34 @@ def _short(value: Any, limit: int = 1500) -> str:
 # State
 
 
+def _map_entries(hash_map: Any) -> dict[bytes, list[int]]:
+    """Every key of the map and the ids of its blocks in insertion order,
+    from its private fields: ``_cache`` maps a key to a block or to a dict
+    by id (0.15-0.33), or to the earliest id with the shared keys' ids in
+    ``_dup_ids`` (0.34)."""
+    dup_ids = getattr(hash_map, "_dup_ids", None)
+    if dup_ids is not None:
+        return {
+            key: list(dup_ids[key]) if key in dup_ids else [value]
+            for key, value in hash_map._cache.items()
+        }
+    return {
+        key: list(value) if isinstance(value, dict) else [value.block_id]
+        for key, value in hash_map._cache.items()
+    }
+
+
 def _map_ids(hash_map: Any, key: bytes) -> set[int]:
-    """The ids of the blocks the map holds under ``key`` (from its ``_cache``:
-    a block or a dict by id, in every release)."""
-    value = hash_map._cache.get(key)
-    if value is None:
-        return set()
-    return set(value) if isinstance(value, dict) else {value.block_id}
+    """The ids of the blocks the map holds under ``key``."""
+    return set(_map_entries(hash_map).get(key, ()))
 
 
 def _map_state(pool: Any) -> dict[str, Any]:
     hash_map = pool.cached_block_hash_to_block
     entries = {}
-    for key, value in hash_map._cache.items():
-        ids = sorted(value) if isinstance(value, dict) else [value.block_id]
+    for key, ids in _map_entries(hash_map).items():
         first = hash_map.get_one_block(key)
-        entries[key] = (ids, _id(first))
+        entries[key] = (sorted(ids), _id(first))
     return {"len": len(hash_map), "entries": entries}
 
 
@@ -376,9 +404,10 @@ def block_field_names(features: Features = LATEST) -> list[str]:
     names = ["block_id", "ref_cnt", "is_null", "block_hash"]
     if features.partial:
         names.append("block_hash_num_tokens")
-    names.append("_block_hash")
-    if features.partial:
-        names.append("_block_hash_num_tokens")
+    if features.private_hash_fields:
+        names.append("_block_hash")
+        if features.partial:
+            names.append("_block_hash_num_tokens")
     names += ["prev", "next"]
     if features.block_pool_attr:
         names.append("pool")
@@ -391,14 +420,20 @@ def block_fields(b: Any, pool: Any, features: Features = LATEST) -> tuple:
     out = [b.block_id, b.ref_cnt, b.is_null, b.block_hash]
     if features.partial:
         out.append(b.block_hash_num_tokens)
-    out.append(b._block_hash)
-    if features.partial:
-        out.append(b._block_hash_num_tokens)
+    if features.private_hash_fields:
+        out.append(b._block_hash)
+        if features.partial:
+            out.append(b._block_hash_num_tokens)
     out += [_id(b.prev_free_block), _id(b.next_free_block)]
     if features.block_pool_attr:
-        out.append(
-            "self" if b.pool is pool and pool is not None else (None if b.pool is None else "other")
-        )
+        owner, how = b.pool, ""
+        if isinstance(owner, weakref.ref):
+            # 0.34: a weak reference, the pool's own ``_weak_self``.
+            same = owner is getattr(pool, "_weak_self", None)
+            how = " (weak)" if same else " (weak, not the pool's _weak_self)"
+            owner = owner()
+        label = "self" if owner is pool and pool is not None else (None if owner is None else "other")
+        out.append(f"{label}{how}" if how else label)
     return tuple(out)
 
 
@@ -523,9 +558,7 @@ def check_invariants(pool: Any, features: Features = LATEST) -> None:
     for bid in by_block:
         if not 0 <= bid < len(blocks) or not by_block[bid]:
             fail(f"cached_block_hashes_by_block has a bad entry for {bid}")
-    actual = {
-        k: set(v) if isinstance(v, dict) else {v.block_id} for k, v in hash_map._cache.items()
-    }
+    actual = {k: set(ids) for k, ids in _map_entries(hash_map).items()}
     if actual != expected:
         fail(f"the map {actual} does not point back to the blocks' keys {expected}")
     if len(hash_map) != len(expected):
@@ -806,9 +839,12 @@ class Driver:
             ]
 
         target = "foreign.free_blocks" if via_foreign else "free_blocks"
-        # 0.23's free_blocks(prepend=True): freed blocks to the front.
+        # 0.23's free_blocks(prepend=True): freed blocks to the front; 0.34's
+        # free_blocks(evict_first=True): cached ones as well.
         prepend = self.features.free_prepend and self.r.random() < 0.3
-        shown = f"{target}({'iter' if iterator else 'list'} {ids}{', prepend=True' if prepend else ''})"
+        evict_first = self.features.evict_first and self.r.random() < 0.3
+        flag = ", prepend=True" if prepend else ", evict_first=True" if evict_first else ""
+        shown = f"{target}({'iter' if iterator else 'list'} {ids}{flag})"
         self.note(shown)
 
         def call(side: Side) -> None:
@@ -819,6 +855,8 @@ class Driver:
             arg = reversed(blocks[::-1]) if iterator else blocks
             if prepend:
                 pool.free_blocks(arg, prepend=True)
+            elif evict_first:
+                pool.free_blocks(arg, evict_first=True)
             else:
                 pool.free_blocks(arg)
 

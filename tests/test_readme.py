@@ -61,7 +61,7 @@ def test_release_table_has_a_row_per_release_and_follows_install():
     release_table = _release_table()
     rows = release_table.rows()
     releases = [row[0] for row in rows]
-    assert releases[0] == "0.15.0" and releases[-1] == "0.33.0" and len(releases) == 28
+    assert releases[0] == "0.15.0" and releases[-1] == "0.34.0" and len(releases) == 29
     assert len(set(releases)) == len(releases)
     for release, line_text, tested, _ in rows:
         try:
@@ -122,7 +122,7 @@ def test_vllm_extra_admits_every_listed_release():
     listed = [release for line in VLLM_LINES for release in line.releases]
     refused = [release for release in listed if not spec.contains(version.Version(release))]
     assert not refused, f"the vllm extra ({requirement}) refuses listed releases {refused}"
-    for outside in ("0.14.1", "0.33.0.post1", "0.33.1", "0.34.0"):
+    for outside in ("0.14.1", "0.34.0.post1", "0.34.1", "0.35.0"):
         assert not spec.contains(version.Version(outside)), (requirement, outside)
 
 

@@ -1,4 +1,4 @@
-"""Tests against one vLLM release 0.15.0 ... 0.33.0, whichever is importable:
+"""Tests against one vLLM release kvpool lists (0.15.0 ... 0.34.0), whichever is importable:
 each release's own pool classes, with kvpool's line for that release
 (``kvpool.vllm.vllm_line``). They run in the overlay environment: the
 environment of ``.ci/vllm-env.sh --vllm 0.33.0`` with the release's source
@@ -7,7 +7,7 @@ tree (``.ci/vllm-src.sh VERSION``) first on ``PYTHONPATH``, so that
 them for every release.
 
 Nothing here is skipped quietly: without an importable vLLM, or with a vLLM
-outside 0.15.0 ... 0.33.0, this directory is a usage error that names what is
+outside the listed series, this directory is a usage error that names what is
 wrong, unless vLLM is missing and ``KVPOOL_SKIP_VLLM=1`` (then every module
 is a skip with that reason, listed in pytest's summary). A plain ``pytest
 tests`` does not recurse into this directory (``norecursedirs`` in
@@ -25,7 +25,20 @@ import re
 import pytest
 from _vllm_helpers import check_strict_core
 
-FIRST, LAST = (0, 15), (0, 33)
+def _series(release: str) -> tuple[int, int]:
+    major, minor = release.split(".")[:2]
+    return int(major), int(minor)
+
+
+def _listed_range() -> tuple[tuple[int, int], tuple[int, int], str]:
+    # The series kvpool lists (kvpool.vllm.VLLM_LINES, the one registry).
+    from kvpool.vllm import VLLM_LINES
+
+    first, last = VLLM_LINES[0].releases[0], VLLM_LINES[-1].releases[-1]
+    return _series(first), _series(last), f"{first} ... {last}"
+
+
+FIRST, LAST, RANGE = _listed_range()
 
 VLLM_MISSING = VLLM_PROBLEM = ""
 try:
@@ -40,7 +53,7 @@ else:
     _match = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", vllm.__version__)
     if not _match or not FIRST <= (int(_match[1]), int(_match[2])) <= LAST:
         VLLM_PROBLEM = (
-            f"these tests are for a vLLM release 0.15.0 ... 0.33.0; found vLLM {vllm.__version__}"
+            f"these tests are for a vLLM release {RANGE}; found vLLM {vllm.__version__}"
         )
 
 SKIP = bool(VLLM_MISSING) and os.environ.get("KVPOOL_SKIP_VLLM") == "1"
