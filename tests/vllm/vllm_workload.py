@@ -321,7 +321,8 @@ def end_of_step(
         )
         common = (
             tuple(mgr.get_num_common_prefix_blocks(running[0].request_id))
-            if running
+            # (gone in 0.34: cascade attention was removed)
+            if running and hasattr(mgr, "get_num_common_prefix_blocks")
             else ()
         )
         evictions = (

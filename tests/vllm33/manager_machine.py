@@ -688,7 +688,9 @@ class ManagerMachine(RuleBasedStateMachine):
                 _ids(mgr.get_blocks(rid)),
                 tuple(mgr.get_block_ids(rid)),
                 mgr.estimate_cached_tokens(req) if hasattr(mgr, "estimate_cached_tokens") else 0,
-                tuple(mgr.get_num_common_prefix_blocks(rid)),
+                # (gone in 0.34: cascade attention was removed)
+                tuple(mgr.get_num_common_prefix_blocks(rid))
+                if hasattr(mgr, "get_num_common_prefix_blocks") else (),
             )
 
         self.both("get_blocks / get_block_ids / estimate_cached_tokens", call, twin)
