@@ -11,7 +11,7 @@
 #            default: a thin venv over the cached 0.33.0 environment
 #            (.ci/vllm-env.sh, KVPOOL_VLLM_ENV_CACHE as in .ci/vllm-tests.sh)
 #            holding kvpool built from this checkout, removed at the end.
-# For the releases whose kvpool line has a KVCacheManager (0.30-0.33) the
+# For the releases whose kvpool line has a KVCacheManager (0.30-0.34) the
 # kvpool run has kvpool's manager in too, and vLLM's test_scheduler.py.
 # Environment: KVPOOL_OWN_SKIP_MISSING, KVPOOL_OWN_MODES, KVPOOL_OWN_JOBS,
 #   KVPOOL_OWN_TIMEOUT, KVPOOL_VLLM_MANAGER (=0: vLLM's manager in the kvpool

@@ -2,14 +2,14 @@
 # Run vLLM's own pool tests, from the release's source distribution, twice:
 # with vLLM's classes (stock) and with kvpool's put in their place by the
 # pytest plugin tests/vllm_suites/kvpool_swap.py (the pool of the release's
-# kvpool line, kvpool.vllm.vllm_line, and for a line with a manager, 0.30-0.33,
+# kvpool line, kvpool.vllm.vllm_line, and for a line with a manager, 0.30-0.34,
 # its KVCacheManager too, as kvpool.vllm.install() puts them in), then check the rule of
 # docs/compatibility.md (tests/vllm_suites/compare.py): every test that
 # passes stock passes with kvpool, but for the listed exceptions
 # (tests/vllm_suites/exceptions.txt), and every listed exception still holds.
 #
 # usage: .ci/vllm-own-tests.sh VERSION PYTHON [REPO]
-#   VERSION  a release with a suite below (0.16.0 ... 0.33.0; 0.15.x has no tests).
+#   VERSION  a release with a suite below (0.16.0 ... 0.34.0; 0.15.x has no tests).
 #   PYTHON   an interpreter in which the release's scheduler side imports
 #            with the release's tree first on PYTHONPATH, and kvpool imports
 #            (installed, or on the caller's PYTHONPATH): the vLLM 0.33.0
@@ -53,7 +53,7 @@ jobs=${KVPOOL_OWN_JOBS:-2}
 limit=${KVPOOL_OWN_TIMEOUT:-600}
 started=$SECONDS
 
-# The pool-related test files of each release 0.16.0-0.33.0 (0.15.x has no
+# The pool-related test files of each release 0.16.0-0.34.0 (0.15.x has no
 # sdist, so no tests), under tests/v1/core: the pool, its blocks, queue and
 # map (test_prefix_caching, test_kv_cache_utils), the managers that drive it
 # (test_single_type_kv_cache_manager; from 0.24 deferred frees and
@@ -84,14 +84,14 @@ started=$SECONDS
 files="test_prefix_caching.py test_kv_cache_utils.py test_single_type_kv_cache_manager.py test_kv_cache_metrics.py"
 case "$version" in
     0.16.* | 0.17.* | 0.18.* | 0.19.* | 0.2[0-3].*) ;;
-    0.2[4-9].* | 0.3[0-3].*)
+    0.2[4-9].* | 0.3[0-4].*)
         files="$files test_deferred_block_free.py prefix_cache/test_partial_prefix_cache_primitives.py" ;;&
-    0.2[6-9].* | 0.3[0-3].*)
+    0.2[6-9].* | 0.3[0-4].*)
         files="$files prefix_cache/test_partial_prefix_cache_hits.py test_swa_inflight_window_free.py" ;;&
-    0.2[7-9].* | 0.3[0-3].*) files="$files test_mamba_align_chunk_split.py" ;;&
-    0.29.* | 0.3[0-3].*) files="$files test_contiguous_kv_packing.py" ;;&
-    0.3[0-3].*) files="$files prefix_cache/test_mamba_eagle_resume_checkpoint.py test_scheduler.py" ;;&
-    0.1[6-9].* | 0.2[0-9].* | 0.3[0-3].*) ;;
+    0.2[7-9].* | 0.3[0-4].*) files="$files test_mamba_align_chunk_split.py" ;;&
+    0.29.* | 0.3[0-4].*) files="$files test_contiguous_kv_packing.py" ;;&
+    0.3[0-4].*) files="$files prefix_cache/test_mamba_eagle_resume_checkpoint.py test_scheduler.py" ;;&
+    0.1[6-9].* | 0.2[0-9].* | 0.3[0-4].*) ;;
     *) echo "!!!!! vllm-own-tests: no suite for vLLM '$version' !!!!!" >&2; exit 2 ;;
 esac
 nfiles=$(wc -w <<< "$files")
@@ -185,7 +185,7 @@ run() {  # MODE: one pytest run, its JUnit XML and log in $work
     (cd "$tree" && PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
         HF_HOME="$work/hf" VLLM_TARGET_DEVICE=cpu \
         KVPOOL_SWAP=$swap PYTHONPATH=$pythonpath timeout "$limit" "$python" -m pytest \
-        -p kvpool_swap -p no:cacheprovider -q -o addopts="" -o faulthandler_timeout=120 \
+        -p kvpool_swap -p cpu_without_triton -p no:cacheprovider -q -o addopts="" -o faulthandler_timeout=120 \
         --confcutdir="$tree/tests/v1/core" --junitxml="$work/$mode.xml" "${paths[@]}") \
         > "$work/$mode.log" 2>&1 || rc=$?
     if [ "${rc:-0}" = 124 ]; then  # no XML: reported as a run that wrote no results
