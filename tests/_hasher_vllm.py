@@ -52,6 +52,14 @@ HAS_LOOKAHEAD = (
     in inspect.signature(kv_cache_utils.get_request_block_hasher).parameters
 )
 
+# 0.34's Request keeps its tokens in an int32 buffer (vllm.v1.token_buffer).
+try:
+    import vllm.v1.token_buffer  # noqa: F401
+
+    INT32_TOKENS = True
+except ImportError:
+    INT32_TOKENS = False
+
 # 0.15 / 0.16's Request takes a required ``eos_token_id``; 0.33's has none.
 EOS_KWARG = {"eos_token_id": None} if "eos_token_id" in inspect.signature(Request).parameters else {}
 
@@ -94,12 +102,15 @@ def _token(rng: random.Random, odd: bool) -> int:
     if not odd:
         return rng.randrange(150_000)
     # Every pickle / CBOR integer width, and ints beyond int64 (pickled by
-    # Python: the fallback path).
-    return rng.choice([
+    # Python: the fallback path); only those an int32 holds where the
+    # release keeps tokens in an int32 buffer (0.34).
+    widths = [
         rng.randrange(256), rng.randrange(65_536), rng.randrange(2**31),
-        -rng.randrange(1, 2**31), rng.randrange(2**31, 2**63), -rng.randrange(2**63),
-        rng.randrange(2**64, 2**70), True,
-    ])
+        -rng.randrange(1, 2**31), True,
+    ]
+    if not INT32_TOKENS:
+        widths += [rng.randrange(2**31, 2**63), -rng.randrange(2**63), rng.randrange(2**64, 2**70)]
+    return rng.choice(widths)
 
 
 def random_spec(rng: random.Random, kind: str, block_size: int) -> Spec:
