@@ -1,8 +1,9 @@
 """kvpool's request block hasher against vLLM's own, in a vLLM environment.
 
-Shared by ``tests/vllm/test_hasher_vllm.py`` (vLLM 0.15.1 / 0.16.0) and
-``tests/vllm33/test_hasher_vllm33.py`` (0.33.0), which import these tests
-after checking the vLLM line. Imports vLLM: import it only where vLLM is.
+Shared by ``tests/vllm/test_hasher_vllm.py`` (vLLM 0.15.1 / 0.16.0),
+``tests/vllm33/test_hasher_vllm33.py`` (0.33.0) and
+``tests/vllm_release/test_hasher_release.py`` (each release of a hasher
+line), which import these tests after checking the vLLM line. Imports vLLM: import it only where vLLM is.
 
 Two ``Request`` objects of vLLM's own class with the same prompt and extra
 inputs, one built with vLLM's ``get_request_block_hasher``, the other with
@@ -271,3 +272,12 @@ def test_kv_cache_utils_rebound_to_kvpools(monkeypatch):
     assert getattr(ours, "kvpool", False)
     spec = Spec(list(range(30)), None, [("img", 2, 5)], None, "salt")
     assert spec.build("a", theirs).block_hashes == spec.build("b", ours).block_hashes
+
+
+@pytest.mark.skipif(not HAS_LOOKAHEAD, reason="this vLLM has no lookahead hashing (0.33 on)")
+@pytest.mark.parametrize("lookahead", [1, 3])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("seed", range(4))
+def test_same_hashes_with_lookahead(seed, algorithm, kind, lookahead, none_hash_mode):
+    check_same_hashes(seed, algorithm, kind, lookahead)
