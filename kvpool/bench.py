@@ -54,6 +54,7 @@ from typing import Any
 from . import __version__
 from .block_pool import make_block_pool_class
 from .v0_33 import make_block_pool_class as make_block_pool_class_v0_33
+from .v0_34 import make_block_pool_class as make_block_pool_class_v0_34
 
 __all__ = [
     "CORES",
@@ -73,13 +74,17 @@ CORES: dict[str, tuple[str, str]] = {
     "compiled": ("compiled", "kvpool._core"),
 }
 
-# vLLM API line -> the facade over a core. Both lines run over the same two
+# vLLM API line -> the facade over a core. Every line runs over the same two
 # cores; the 0.33 twin is vLLM 0.33's design (blocks linked through
-# themselves, each referring to its pool, a dict map).
+# themselves, each referring to its pool, a dict map), the 0.34 twin the
+# same with 0.34's blocks and map.
 LINES: dict[str, Callable[[ModuleType], type]] = {
     "0.15": make_block_pool_class,
     "0.33": make_block_pool_class_v0_33,
+    "0.34": make_block_pool_class_v0_34,
 }
+# The block class of each line but 0.15's (the core's name for it).
+_BLOCK_CLASSES = {"0.33": "KVCacheBlock33", "0.34": "KVCacheBlock34"}
 _line = "0.15"  # the line being measured (set by run())
 
 BLOCK_SIZE = 16  # tokens per block, as in vLLM's default
@@ -121,18 +126,20 @@ def _vllm_baseline(line: str) -> tuple[ModuleType, type]:
     import vllm
     from vllm.v1.core import block_pool, kv_cache_utils
 
-    expected = {"0.15": ("0.15.", "0.16."), "0.33": ("0.33.",)}[line]
+    expected = {"0.15": ("0.15.", "0.16."), "0.33": ("0.33.",), "0.34": ("0.34.",)}[line]
     if not vllm.__version__.startswith(expected):
         raise ImportError(f"vLLM {vllm.__version__} does not serve the {line} line")
     shim = ModuleType("vllm_baseline")
-    shim.KVCacheBlock = shim.KVCacheBlock33 = kv_cache_utils.KVCacheBlock
+    shim.KVCacheBlock = kv_cache_utils.KVCacheBlock
+    for name in _BLOCK_CLASSES.values():
+        setattr(shim, name, kv_cache_utils.KVCacheBlock)
     shim.FreeKVCacheBlockQueue = kv_cache_utils.FreeKVCacheBlockQueue
     shim.__file__ = block_pool.__file__
     return shim, block_pool.BlockPool
 
 
 def _block_class(core: ModuleType) -> type:
-    return core.KVCacheBlock33 if _line == "0.33" else core.KVCacheBlock
+    return getattr(core, _BLOCK_CLASSES.get(_line, "KVCacheBlock"))
 
 
 def _hashes(rng: random.Random, n: int) -> list[bytes]:
@@ -537,15 +544,15 @@ class Operation:
     pure_from: str | None = None
     compiled_from: str | None = None
     note: str = ""
-    # The 0.33 line's target where it differs (issue 7's, set against vLLM
-    # 0.33.0's pool, whose blocks are slotted dataclasses).
+    # The 0.33 and later lines' target where it differs (issue 7's, set
+    # against vLLM 0.33.0's pool, whose blocks are slotted dataclasses).
     target33: Target | None = None
     # The size the targets are stated for, if the row's workload depends on
     # the mode's sizes (None: the same workload in every mode).
     scale: Scale | None = None
 
     def target_for(self, line: str) -> Target | None:
-        return self.target33 if line == "0.33" and self.target33 else self.target
+        return self.target33 if line != "0.15" and self.target33 else self.target
 
     @property
     def in_subprocess(self) -> bool:
@@ -1010,7 +1017,7 @@ def format_table(result: dict[str, Any]) -> str:
 
     out = [
         f"kvpool {m['kvpool']} benchmark, vLLM {result['line']} API line "
-        f"({'kvpool' if result['line'] == '0.15' else 'kvpool.v0_33'}): pure-Python "
+        f"({'kvpool' if result['line'] == '0.15' else 'kvpool.v0_' + result['line'][2:]}): pure-Python "
         f"twin (kvpool._core_py) vs compiled core (kvpool._core)",
         f"Python {m['python']} ({m['python_implementation']}, {m['python_compiler']}) | "
         f"Cython {m['cython'] or 'not installed'} | CPU: {m['cpu']} ({m['cpus']} logical) | "
@@ -1136,8 +1143,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-subprocess", action="store_true",
                    help="skip construction, gc.collect() and memory (fresh interpreters)")
     p.add_argument("--line", choices=[*LINES, "all"], default="all",
-                   help="the vLLM API line(s) to measure: kvpool (0.15) and/or "
-                   "kvpool.v0_33 (0.33); default: all, one table each")
+                   help="the vLLM API line(s) to measure: kvpool (0.15), "
+                   "kvpool.v0_33 (0.33), kvpool.v0_34 (0.34); default: all, one table each")
     p.add_argument("--same-core", choices=list(CORES),
                    help="A/A check of the harness: this core in both columns")
     p.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
