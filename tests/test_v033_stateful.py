@@ -38,23 +38,23 @@ from hypothesis.stateful import (
 )
 
 from _helpers import run_state_machine_under_dev_mode
-from _release_driver import Config, Driver, FakeRequest, Side, pool_state
+from _release_driver import Config, Driver, FakeRequest, Features, Side, pool_state
 
 ENV_INT_HASHES = "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"
 REFUSALS = (ValueError, RuntimeError, TypeError)
 
-_pool_classes: dict[str, type] = {}
+_pool_classes: dict[tuple[str, str], type] = {}
 
 
-def v0_33() -> ModuleType:
-    # A plain import: without kvpool.v0_33 these tests fail (ImportError).
-    return importlib.import_module("kvpool.v0_33")
+def line_module(name: str) -> ModuleType:
+    # A plain import: without the line these tests fail (ImportError).
+    return importlib.import_module(name)
 
 
-def pool_class(core: ModuleType) -> type:
-    cls = _pool_classes.get(core.__name__)
+def pool_class(line: str, core: ModuleType) -> type:
+    cls = _pool_classes.get((line, core.__name__))
     if cls is None:
-        cls = _pool_classes[core.__name__] = v0_33().make_block_pool_class(core)
+        cls = _pool_classes[(line, core.__name__)] = line_module(line).make_block_pool_class(core)
     return cls
 
 
@@ -89,6 +89,8 @@ def chain_hasher(cfg: Config):
 
 class PoolMachine33(RuleBasedStateMachine):
     cores: list[ModuleType] = []
+    #: The line the machine drives (a subclass drives another).
+    LINE = "kvpool.v0_33"
 
     def __init__(self) -> None:
         super().__init__()
@@ -105,7 +107,9 @@ class PoolMachine33(RuleBasedStateMachine):
     def make_pools(self, r):
         cfg = Config.random(r)
         os.environ[ENV_INT_HASHES] = "1" if cfg.int_hashes else "0"
-        v33 = v0_33()
+        v33 = line_module(self.LINE)
+        # The line's API as the driver uses it, read off its own pool.
+        features = Features.detect(pool_class(self.LINE, self.cores[0]), v33.BlockStored)
         sides = []
         for i, core in enumerate(self.cores):
             # The other pool of cross-pool frees is built over the other core.
@@ -114,15 +118,18 @@ class PoolMachine33(RuleBasedStateMachine):
                 v33.KVCacheMetricsCollector(sample_rate=cfg.sample_rate) if cfg.metrics else None
             )
             args, kwargs = cfg.pool_args(collector)
-            pool = pool_class(core)(*args, **kwargs)
-            foreign = pool_class(other_core)(cfg.foreign_blocks, True, cfg.hash_block_size)
+            pool = pool_class(self.LINE, core)(*args, **kwargs)
+            foreign = pool_class(self.LINE, other_core)(
+                cfg.foreign_blocks, True, cfg.hash_block_size
+            )
             sides.append(Side(core.__name__, pool, foreign, v33.BlockStored, collector))
         self.driver = Driver(
             cfg,
             sides,
             hasher=chain_hasher(cfg),
-            label=f"kvpool.v0_33 over {[c.__name__ for c in self.cores]}",
+            label=f"{self.LINE} over {[c.__name__ for c in self.cores]}",
             check_invariants_on=[s.label for s in sides],
+            features=features,
         )
 
     # -- misuse: refused the same way everywhere, nothing changed ------------
@@ -177,9 +184,10 @@ class PoolMachine33(RuleBasedStateMachine):
         d.check()
 
     def _state(self, side: Side) -> dict[str, Any]:
-        state = pool_state(side.pool, side.collector)
+        features = self.driver.features
+        state = pool_state(side.pool, side.collector, features)
         state["events"] = [repr(e) for e in side.pool.kv_event_queue]
-        state["foreign"] = pool_state(side.foreign)
+        state["foreign"] = pool_state(side.foreign, None, features)
         return state
 
     def _misuse_double_free(self, r):
