@@ -27,6 +27,9 @@
 #                              (DIR/VERSION-MODE.log, .xml).
 #   KVPOOL_VLLM_MANAGER=0      the kvpool run keeps vLLM's KVCacheManager (over
 #                              kvpool's pool), as with kvpool.vllm.install().
+#   KVPOOL_VLLM_INTAKE=VERSION=LISTED  (tools/intake.py) VERSION runs as a
+#                              release of LISTED's line: LISTED's test files,
+#                              line and exceptions.
 #   KVPOOL_OWN_TIMEOUT         seconds one pytest run may take (default 600; a
 #                              run takes 20-100 s): a manager that never finds
 #                              room makes scheduler tests loop (`while
@@ -81,8 +84,15 @@ started=$SECONDS
 # Within the listed files, the tests that build a model config from a hub
 # other than facebook/opt-125m's (Qwen/..., llava-hf/...) fail stock too
 # (offline) and are out of scope: compare.py counts them.
+# The release the intake is deciding about (KVPOOL_VLLM_INTAKE=VERSION=LISTED,
+# tools/intake.py) runs LISTED's files: the tests of the line it would join.
+suite_version=$version
+intake=${KVPOOL_VLLM_INTAKE:-}
+if [ -n "$intake" ] && [ "${intake%%=*}" = "$version" ]; then
+    suite_version=${intake#*=}
+fi
 files="test_prefix_caching.py test_kv_cache_utils.py test_single_type_kv_cache_manager.py test_kv_cache_metrics.py"
-case "$version" in
+case "$suite_version" in
     0.16.* | 0.17.* | 0.18.* | 0.19.* | 0.2[0-3].*) ;;
     0.2[4-9].* | 0.3[0-3].*)
         files="$files test_deferred_block_free.py prefix_cache/test_partial_prefix_cache_primitives.py" ;;&
