@@ -4,13 +4,12 @@ the CI scripts run, and every link of the README and docs/ resolves."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from _helpers import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -36,14 +35,7 @@ def test_readme_usage_example_runs():
 
 def _release_table() -> ModuleType:
     """tools/release_table.py, imported once (tools/ is not a package)."""
-    module = sys.modules.get("_kvpool_release_table")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("_kvpool_release_table", RELEASE_TABLE)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # its dataclasses look their module up
-        spec.loader.exec_module(module)
-    return module
+    return load_script(RELEASE_TABLE, "_kvpool_release_table")
 
 
 @needs_checkout
