@@ -53,7 +53,10 @@ def test_release_table_has_a_row_per_release_and_follows_install():
     release_table = _release_table()
     rows = release_table.rows()
     releases = [row[0] for row in rows]
-    assert releases[0] == "0.15.0" and releases[-1] == "0.33.0" and len(releases) == 28
+    # One row per pinned release (a release pinned before its line exists,
+    # as 0.34.0 is for the intake, gets a "refused" row).
+    assert releases == release_table.releases() and releases[0] == "0.15.0"
+    assert len(releases) >= 28
     assert len(set(releases)) == len(releases)
     for release, line_text, tested, _ in rows:
         try:
@@ -71,7 +74,7 @@ def test_release_table_has_a_row_per_release_and_follows_install():
             assert line_of[release].startswith(f"{line.name} "), (line.name, release)
     # Every listed release is run by some suite in every CI run, not only in
     # the full run.
-    assert all(gate != "—" for _, _, gate, _ in rows), rows
+    assert all(gate != "—" for _, text, gate, _ in rows if not text.startswith("refused")), rows
 
 
 @needs_checkout
