@@ -339,3 +339,24 @@ def test_compare_holds_the_release_to_the_listed_releases_exceptions(monkeypatch
     monkeypatch.setenv("KVPOOL_VLLM_INTAKE", "0.34.0=0.33.0")
     assert compare.exceptions("0.34.0") == compare.exceptions("0.33.0") != {}
     assert compare.exceptions("0.16.0") == before  # only the release named
+
+
+def test_behaviour_counts_what_fails_with_kvpool_only(intake):
+    output = [
+        "   [own 529s]    exception: t::a  -- free-list links are read-only",
+        "   [own 529s]    exception: t::b  -- NOT LISTED; with kvpool: TypeError: weak",
+        "   [own 529s]    exception: t::c  -- NOT LISTED; with kvpool: AttributeError: x",
+        "   [own 529s]    exception: t::d  -- NOT LISTED; with kvpool: TypeError: weak",
+    ]
+    assert intake.behaviour(output) == ["2 test(s) fail with kvpool only: TypeError: weak",
+                                        "1 test(s) fail with kvpool only: AttributeError: x"]
+    assert intake.behaviour(output[:1]) == []
+
+
+def test_verdict_lists_what_a_failing_suite_found(intake):
+    found = {"own": ["2 test(s) fail with kvpool only: TypeError: weak"],
+             "traces": ["never shown: the suite passed"]}
+    v = intake.verdict("0.34.0", "0.33.0", "0.33", _results(intake),
+                       {**PASSED, "own": "FAILED (exit 1)"}, found)
+    assert v.text[1:] == ["  - vLLM's own tests: FAILED (exit 1)",
+                          "      2 test(s) fail with kvpool only: TypeError: weak"]

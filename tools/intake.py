@@ -320,10 +320,12 @@ class Verdict:
 
 
 def verdict(version: str, against: str, line: str, files: list[FileResult],
-            tests: dict[str, str]) -> Verdict:
+            tests: dict[str, str], found: dict[str, list[str]] | None = None) -> Verdict:
     """The intake's decision. ``tests``: suite key -> passed | FAILED | not
-    run (with why). "Add it" only when no mirrored file blocks and every
-    suite of ``SUITES`` passed; everything else is listed."""
+    run (with why); ``found``: suite key -> what its run said went wrong
+    (``behaviour``), listed under a suite that did not pass. "Add it" only
+    when no mirrored file blocks and every suite of ``SUITES`` passed;
+    everything else is listed."""
     must = []
     for f in files:
         if not f.blocks():
@@ -342,6 +344,7 @@ def verdict(version: str, against: str, line: str, files: list[FileResult],
         result = tests.get(key, "not run")
         if result != "passed":
             must.append(f"{name}: {result}")
+            must += [f"    {text}" for text in (found or {}).get(key, [])]
     if must:
         return Verdict(False, [f"verdict: vLLM {version} is not proven to be a release of line "
                                f"{line} ({against}): a new line must cover:"]
@@ -436,11 +439,25 @@ def fetch(version: str, pin_new: bool) -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def run_suite(key: str, version: str, env: dict[str, str]) -> tuple[str, str, list[str]]:
+def behaviour(output: list[str]) -> list[str]:
+    """What a suite's output says went wrong, most frequent first: the
+    failure of each test lost with kvpool that is no listed exception
+    (``compare.py``'s ``NOT LISTED; with kvpool: ...``), counted by message."""
+    counts: dict[str, int] = {}
+    for text in output:
+        _, hit, said = text.partition("NOT LISTED; with kvpool: ")
+        if hit:
+            counts[said.strip()] = counts.get(said.strip(), 0) + 1
+    return [f"{n} test(s) fail with kvpool only: {_short(said)}"
+            for said, n in sorted(counts.items(), key=lambda item: -item[1])]
+
+
+def run_suite(key: str, version: str, env: dict[str, str]) -> tuple[str, str, list[str],
+                                                                     list[str]]:
     """Run one suite's script for ``version``, its output shown as it comes
     (each line prefixed with the suite and the seconds so far); (passed |
     FAILED (exit N), the same with the time taken, the script's summary
-    lines)."""
+    lines, what went wrong: ``behaviour`` or, without that, the summary)."""
     name, script = SUITES[key]
     started = time.monotonic()
     print(f"== tests: {name} ({script} {version})", flush=True)
@@ -455,7 +472,8 @@ def run_suite(key: str, version: str, env: dict[str, str]) -> tuple[str, str, li
     last = max((i for i, text in enumerate(lines) if text.startswith("== ")), default=-1)
     summary = [text.strip() for text in lines[last + 1:] if text.startswith("   ")]
     result = "passed" if rc == 0 else f"FAILED (exit {rc})"
-    return result, f"{result}, {time.monotonic() - started:.0f}s", summary
+    wrong = behaviour(lines) or [_short(text, 400) for text in summary]
+    return result, f"{result}, {time.monotonic() - started:.0f}s", summary, wrong
 
 
 def build_wheel(tmp: Path) -> Path:
@@ -537,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     report_files(files)
 
     changed = [f.mirrored.path for f in files if f.blocks()]
+    found: dict[str, list[str]] = {}
     skipped = ("not run (--skip-tests)" if a.skip_tests else
                "not run: the diff already shows changes (--run-tests runs them anyway)"
                if changed and not a.run_tests else "")
@@ -545,18 +564,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== tests: {skipped}")
     else:
         results = {key: "not run (--suites)" for key in SUITES if key not in suites}
-        shown, summaries = {}, {}
+        shown, summaries, found = {}, {}, {}
         with tempfile.TemporaryDirectory(prefix="kvpool-intake.") as tmp:
             env = dict(os.environ, **{intake_var: f"{a.version}={against}"})
             env["KVPOOL_WHEEL"] = str(build_wheel(Path(tmp)))
             for key in suites:
-                results[key], shown[key], summaries[key] = run_suite(key, a.version, env)
+                results[key], shown[key], summaries[key], found[key] = run_suite(
+                    key, a.version, env)
         print("== tests: summary")
         for key, (name, _) in SUITES.items():
             print(f"   {name}: {shown.get(key, results[key])}")
             print("\n".join(f"      {text}" for text in summaries.get(key, [])))
 
-    decided = verdict(a.version, against, line, files, results)
+    decided = verdict(a.version, against, line, files, results, found)
     print("\n".join(decided.text))
     print(f"   ({time.monotonic() - started:.0f}s)")
     if a.apply:
