@@ -344,10 +344,11 @@ def test_compare_holds_the_release_to_the_listed_releases_exceptions(monkeypatch
 def test_behaviour_counts_what_fails_with_kvpool_only(intake):
     output = [
         "   [own 529s]    exception: t::a  -- free-list links are read-only",
-        "   [own 529s]    exception: t::b  -- NOT LISTED; with kvpool: TypeError: weak",
         "   [own 529s]    exception: t::c  -- NOT LISTED; with kvpool: AttributeError: x",
+        "   [own 529s]    exception: t::b  -- NOT LISTED; with kvpool: TypeError: weak",
         "   [own 529s]    exception: t::d  -- NOT LISTED; with kvpool: TypeError: weak",
     ]
+    # Most frequent first, whatever came first.
     assert intake.behaviour(output) == ["2 test(s) fail with kvpool only: TypeError: weak",
                                         "1 test(s) fail with kvpool only: AttributeError: x"]
     assert intake.behaviour(output[:1]) == []
