@@ -26,8 +26,6 @@ import re
 import pytest
 from _vllm_helpers import check_strict_core
 
-FIRST, LAST = (0, 15), (0, 33)
-
 VLLM_MISSING = VLLM_PROBLEM = ""
 try:
     # Not just ``import vllm``: a checkout's tests/vllm directory on sys.path
@@ -38,8 +36,12 @@ except ImportError as exc:
 else:
     import vllm
 
-    from kvpool.vllm import intake_alias
+    from kvpool.vllm import VLLM_LINES, intake_alias
 
+    # The oldest and newest release series kvpool lists: a release that
+    # tools/intake.py --apply adds is in range without an edit here.
+    _series = [tuple(int(x) for x in r.split(".")[:2]) for line in VLLM_LINES for r in line.releases]
+    FIRST, LAST = min(_series), max(_series)
     _match = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", vllm.__version__)
     # The release intake (tools/intake.py) runs a newer release against the
     # line it names (KVPOOL_VLLM_INTAKE), to show where the line breaks.
@@ -48,7 +50,8 @@ else:
         _intake and _intake[0] == vllm.__version__
     ):
         VLLM_PROBLEM = (
-            f"these tests are for a vLLM release 0.15.0 ... 0.33.0; found vLLM {vllm.__version__}"
+            f"these tests are for a vLLM release of the series {FIRST[0]}.{FIRST[1]} ... "
+            f"{LAST[0]}.{LAST[1]} (kvpool.vllm.VLLM_LINES); found vLLM {vllm.__version__}"
         )
 
 SKIP = bool(VLLM_MISSING) and os.environ.get("KVPOOL_SKIP_VLLM") == "1"
