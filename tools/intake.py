@@ -397,7 +397,17 @@ def extend_exceptions(text: str, against: str, release: str) -> str:
 
 
 def apply(version: str, against: str, line: str) -> list[str]:
-    """Add ``version`` to ``line`` for good; what was done, one a line."""
+    """Add ``version`` to ``line`` for good; what was done, one a line.
+    Nothing is edited unless the README's table can be rewritten after: that
+    imports kvpool (its dependencies), which the diff and the suites do not
+    need from this interpreter."""
+    probe = subprocess.run([sys.executable, "-c", "import kvpool.vllm"], cwd=ROOT,
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise RuntimeError(
+            f"--apply rewrites the README's table with tools/release_table.py, which imports "
+            f"kvpool; {sys.executable} cannot ({probe.stderr.strip().splitlines()[-1]}): run "
+            f"the intake with an interpreter where kvpool imports (pip install -e .)")
     done = []
     source = LINES_SOURCE.read_text(encoding="utf-8")
     LINES_SOURCE.write_text(add_release(source, line, version), encoding="utf-8")
@@ -585,7 +595,11 @@ def main(argv: list[str] | None = None) -> int:
         elif a.version in listed:
             print(f"--apply: nothing to apply: {a.version} is already in line {listed[a.version]}")
         else:
-            print("\n".join(f"--apply: {done}" for done in apply(a.version, against, line)))
+            try:
+                print("\n".join(f"--apply: {done}" for done in apply(a.version, against, line)))
+            except RuntimeError as exc:
+                print(f"--apply: nothing applied: {exc}")
+                return 1
     return 0 if decided.add else 1
 
 
