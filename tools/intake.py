@@ -577,14 +577,20 @@ def main(argv: list[str] | None = None) -> int:
         shown, summaries, found = {}, {}, {}
         with tempfile.TemporaryDirectory(prefix="kvpool-intake.") as tmp:
             env = dict(os.environ, **{intake_var: f"{a.version}={against}"})
-            env["KVPOOL_WHEEL"] = str(build_wheel(Path(tmp)))
+            try:
+                env["KVPOOL_WHEEL"] = str(build_wheel(Path(tmp)))
+            except subprocess.CalledProcessError as exc:
+                print(f"verdict: vLLM {a.version} is not proven: no kvpool wheel of this "
+                      f"checkout to test with ({exc})")
+                return 1
             for key in suites:
                 results[key], shown[key], summaries[key], found[key] = run_suite(
                     key, a.version, env)
         print("== tests: summary")
         for key, (name, _) in SUITES.items():
             print(f"   {name}: {shown.get(key, results[key])}")
-            print("\n".join(f"      {text}" for text in summaries.get(key, [])))
+            for text in summaries.get(key, []):
+                print(f"      {text}")
 
     decided = verdict(a.version, against, line, files, results, found)
     print("\n".join(decided.text))
