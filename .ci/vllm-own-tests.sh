@@ -9,7 +9,8 @@
 # (tests/vllm_suites/exceptions.txt), and every listed exception still holds.
 #
 # usage: .ci/vllm-own-tests.sh VERSION PYTHON [REPO]
-#   VERSION  a release with a suite below (0.16.0 ... 0.34.0; 0.15.x has no tests).
+#   VERSION  a release with a suite below (0.16.0 ... 0.34.0, and a later 0.3x that
+#            tools/intake.py adds to a line; 0.15.x has no tests).
 #   PYTHON   an interpreter in which the release's scheduler side imports
 #            with the release's tree first on PYTHONPATH, and kvpool imports
 #            (installed, or on the caller's PYTHONPATH): the vLLM 0.33.0
@@ -27,6 +28,9 @@
 #                              (DIR/VERSION-MODE.log, .xml).
 #   KVPOOL_VLLM_MANAGER=0      the kvpool run keeps vLLM's KVCacheManager (over
 #                              kvpool's pool), as with kvpool.vllm.install().
+#   KVPOOL_VLLM_INTAKE=VERSION=LISTED  (tools/intake.py) VERSION runs as a
+#                              release of LISTED's line: LISTED's test files,
+#                              line and exceptions.
 #   KVPOOL_OWN_TIMEOUT         seconds one pytest run may take (default 600; a
 #                              run takes 20-100 s): a manager that never finds
 #                              room makes scheduler tests loop (`while
@@ -53,6 +57,8 @@ jobs=${KVPOOL_OWN_JOBS:-2}
 limit=${KVPOOL_OWN_TIMEOUT:-600}
 started=$SECONDS
 
+# A 0.3x release after 0.34 (added by tools/intake.py, which ran these files
+# for it) runs 0.34's files.
 # The pool-related test files of each release 0.16.0-0.34.0 (0.15.x has no
 # sdist, so no tests), under tests/v1/core: the pool, its blocks, queue and
 # map (test_prefix_caching, test_kv_cache_utils), the managers that drive it
@@ -81,17 +87,24 @@ started=$SECONDS
 # Within the listed files, the tests that build a model config from a hub
 # other than facebook/opt-125m's (Qwen/..., llava-hf/...) fail stock too
 # (offline) and are out of scope: compare.py counts them.
+# The release the intake is deciding about (KVPOOL_VLLM_INTAKE=VERSION=LISTED,
+# tools/intake.py) runs LISTED's files: the tests of the line it would join.
+suite_version=$version
+intake=${KVPOOL_VLLM_INTAKE:-}
+if [ -n "$intake" ] && [ "${intake%%=*}" = "$version" ]; then
+    suite_version=${intake#*=}
+fi
 files="test_prefix_caching.py test_kv_cache_utils.py test_single_type_kv_cache_manager.py test_kv_cache_metrics.py"
-case "$version" in
+case "$suite_version" in
     0.16.* | 0.17.* | 0.18.* | 0.19.* | 0.2[0-3].*) ;;
-    0.2[4-9].* | 0.3[0-4].*)
+    0.2[4-9].* | 0.3[0-9].*)
         files="$files test_deferred_block_free.py prefix_cache/test_partial_prefix_cache_primitives.py" ;;&
-    0.2[6-9].* | 0.3[0-4].*)
+    0.2[6-9].* | 0.3[0-9].*)
         files="$files prefix_cache/test_partial_prefix_cache_hits.py test_swa_inflight_window_free.py" ;;&
-    0.2[7-9].* | 0.3[0-4].*) files="$files test_mamba_align_chunk_split.py" ;;&
-    0.29.* | 0.3[0-4].*) files="$files test_contiguous_kv_packing.py" ;;&
-    0.3[0-4].*) files="$files prefix_cache/test_mamba_eagle_resume_checkpoint.py test_scheduler.py" ;;&
-    0.1[6-9].* | 0.2[0-9].* | 0.3[0-4].*) ;;
+    0.2[7-9].* | 0.3[0-9].*) files="$files test_mamba_align_chunk_split.py" ;;&
+    0.29.* | 0.3[0-9].*) files="$files test_contiguous_kv_packing.py" ;;&
+    0.3[0-9].*) files="$files prefix_cache/test_mamba_eagle_resume_checkpoint.py test_scheduler.py" ;;&
+    0.1[6-9].* | 0.2[0-9].* | 0.3[0-9].*) ;;
     *) echo "!!!!! vllm-own-tests: no suite for vLLM '$version' !!!!!" >&2; exit 2 ;;
 esac
 nfiles=$(wc -w <<< "$files")

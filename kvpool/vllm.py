@@ -137,6 +137,13 @@ SUPPORTED_VLLM = (0, 15)
 #: unset, empty or anything else: the plugin does nothing.
 ENV_VAR = "KVPOOL_VLLM"
 
+#: ``VERSION=LISTED`` (``0.34.0=0.33.0``): ``vllm_line`` gives release
+#: VERSION the line of the listed release LISTED, as if VERSION were listed
+#: there. Set by the release intake (``tools/intake.py``, docs/intake.md) for
+#: the test suites it runs on a release it is deciding about; like
+#: ``force``, an escape from the refusal, so nothing else sets it.
+INTAKE_VAR = "KVPOOL_VLLM_INTAKE"
+
 # Modules whose global name ``BlockPool`` is rebound. The coordinator is the
 # one that matters (it constructs the pool); the manager module only uses the
 # name in annotations.
@@ -191,6 +198,24 @@ def _parse(version: str) -> tuple[tuple[int, ...], int] | None:
     return numbers, rank
 
 
+def intake_alias() -> tuple[str, str] | None:
+    """(VERSION, LISTED) from ``KVPOOL_VLLM_INTAKE`` (see ``INTAKE_VAR``), or
+    None when it is unset or empty. A value that is not two readable
+    releases, the second one listed, raises ``ValueError``: a mistyped
+    intake must not test some other line."""
+    value = os.environ.get(INTAKE_VAR, "").strip()
+    if not value:
+        return None
+    version, _, listed = (part.strip() for part in value.partition("="))
+    known = {release for line in VLLM_LINES for release in line.releases}
+    if _parse(version) is None or listed not in known:
+        raise ValueError(
+            f"{INTAKE_VAR}={value!r}: expected VERSION=LISTED, LISTED one of the releases "
+            f"of kvpool.vllm.VLLM_LINES"
+        )
+    return version, listed
+
+
 def vllm_line(version: str | None = None, *, force: bool = False) -> VLLMLine:
     """The line in ``VLLM_LINES`` that lists ``version`` (default: the
     installed vLLM's) exactly (a local build tag such as ``+cpu`` aside). Any
@@ -198,9 +223,13 @@ def vllm_line(version: str | None = None, *, force: bool = False) -> VLLMLine:
     raises ``UnsupportedVLLMVersionError``, naming it and the supported
     releases; with ``force=True`` it gets the line of the nearest older
     listed release (the first line if there is none or the version cannot be
-    read)."""
+    read). Under ``KVPOOL_VLLM_INTAKE=VERSION=LISTED`` (the release intake)
+    VERSION gets the line of LISTED."""
     if version is None:
         version = vllm_version()
+    alias = intake_alias()
+    if alias is not None and _parse(version) == _parse(alias[0]):
+        version = alias[1]
     parsed = _parse(version)
     listed = sorted(
         ((_parse(release), line) for line in VLLM_LINES for release in line.releases),

@@ -8,8 +8,12 @@ would silently vanish.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import re
+import sys
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import msgspec
@@ -17,6 +21,20 @@ import msgspec
 from kvpool.block_pool import make_block_pool_class
 
 _pool_classes: dict[str, type] = {}
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """A script of the checkout that is not in a package (``tools/*.py``),
+    imported once as module ``name``."""
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+    return module
 
 
 def block_pool_class(core: Any) -> type:

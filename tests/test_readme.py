@@ -4,13 +4,12 @@ the CI scripts run, and every link of the README and docs/ resolves."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from _helpers import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -36,14 +35,7 @@ def test_readme_usage_example_runs():
 
 def _release_table() -> ModuleType:
     """tools/release_table.py, imported once (tools/ is not a package)."""
-    module = sys.modules.get("_kvpool_release_table")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("_kvpool_release_table", RELEASE_TABLE)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # its dataclasses look their module up
-        spec.loader.exec_module(module)
-    return module
+    return load_script(RELEASE_TABLE, "_kvpool_release_table")
 
 
 @needs_checkout
@@ -61,7 +53,10 @@ def test_release_table_has_a_row_per_release_and_follows_install():
     release_table = _release_table()
     rows = release_table.rows()
     releases = [row[0] for row in rows]
-    assert releases[0] == "0.15.0" and releases[-1] == "0.34.0" and len(releases) == 29
+    # One row per pinned release (a release pinned before its line exists,
+    # as 0.34.0 is for the intake, gets a "refused" row).
+    assert releases == release_table.releases() and releases[0] == "0.15.0"
+    assert len(releases) >= 28
     assert len(set(releases)) == len(releases)
     for release, line_text, tested, _ in rows:
         try:
@@ -79,7 +74,7 @@ def test_release_table_has_a_row_per_release_and_follows_install():
             assert line_of[release].startswith(f"{line.name} "), (line.name, release)
     # Every listed release is run by some suite in every CI run, not only in
     # the full run.
-    assert all(gate != "—" for _, _, gate, _ in rows), rows
+    assert all(gate != "—" for _, text, gate, _ in rows if not text.startswith("refused")), rows
 
 
 @needs_checkout
