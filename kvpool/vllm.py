@@ -23,14 +23,18 @@ Three ways in::
         ...
 
     # no code change: the ``vllm.general_plugins`` entry point runs
-    # ``plugin()`` in every vLLM process; it installs when KVPOOL_VLLM=1.
+    # ``plugin()`` in every vLLM process; it installs when KVPOOL_VLLM=1
+    # (an unlisted release is an error: vLLM does not start), or, with
+    # KVPOOL_VLLM=auto, where the release is listed (elsewhere it logs one
+    # WARNING and vLLM runs unchanged: a fleet upgrade never stops on it).
 
 Install before vLLM builds its engine: a ``KVCacheManager`` that already
 exists keeps the pool it was built with. vLLM builds the scheduler in its
 engine-core process, which it may *spawn* (a fresh interpreter that does not
 inherit the patch); so ``install()`` also exports ``KVPOOL_VLLM`` for the
 processes started while it is in effect, whose plugin loader then installs
-kvpool there too (this needs kvpool pip-installed, for its entry point).
+kvpool there too (this needs kvpool pip-installed, for its entry point;
+``auto`` is passed on as ``auto``, see ``plugin()``).
 vLLM is imported here, never by ``import kvpool``, and is not a dependency of
 the core package.
 """
@@ -133,8 +137,12 @@ VLLM_LINES = (
 SUPPORTED_VLLM = (0, 15)
 
 #: ``1`` (or true/yes/on): the vLLM plugin installs kvpool in every vLLM
-#: process; ``force``: the same for any vLLM release (``install(force=True)``);
-#: unset, empty or anything else: the plugin does nothing.
+#: process, and a release ``VLLM_LINES`` does not list stops vLLM's start
+#: with ``UnsupportedVLLMVersionError``; ``auto``: it installs kvpool where
+#: the release is listed, and elsewhere logs one WARNING and leaves vLLM
+#: unchanged; ``force``: installs for any vLLM release
+#: (``install(force=True)``); unset, empty or anything else: the plugin does
+#: nothing.
 ENV_VAR = "KVPOOL_VLLM"
 
 #: ``VERSION=LISTED`` (``0.34.0=0.33.0``): ``vllm_line`` gives release
@@ -244,7 +252,8 @@ def vllm_line(version: str | None = None, *, force: bool = False) -> VLLMLine:
             f"kvpool's BlockPool is a drop-in for vLLM {', '.join(older)} and "
             f"{newest} only; found vLLM {version}. Install a supported vLLM (pip install "
             f"'kvpool[vllm]'), or leave kvpool out of this engine (unset "
-            f"{ENV_VAR})."
+            f"{ENV_VAR}), or of every engine whose vLLM it does not list "
+            f"({ENV_VAR}=auto)."
         )
     older = [line for release, line in listed if parsed is not None and release < parsed]
     return older[-1] if older else VLLM_LINES[0]
@@ -278,6 +287,12 @@ def install(*, force: bool = False) -> bool:
     now on install it as well. Idempotent and thread-safe: returns ``True`` if
     this call installed the pool, ``False`` if it was already installed.
     """
+    return _install(force=force, export="force" if force else "1")
+
+
+def _install(*, force: bool, export: str) -> bool:
+    """``install()``, exporting ``KVPOOL_VLLM=export`` to the processes
+    started while it is in effect (the plugin passes ``auto`` on)."""
     with _lock:
         if _originals:
             return False
@@ -306,7 +321,7 @@ def install(*, force: bool = False) -> bool:
 
         manager = install_manager(line)
         _saved_env.append(os.environ.get(ENV_VAR))
-        os.environ[ENV_VAR] = "force" if force else "1"
+        os.environ[ENV_VAR] = export
         logger.info(
             "kvpool BlockPool of the %s line (%s.BlockPool) installed into vLLM %s "
             "(%s core); request block hasher: %s; KV-cache manager: %s",
@@ -376,11 +391,45 @@ def plugin() -> None:
     """The ``vllm.general_plugins`` entry point. vLLM calls it in each of its
     processes (front end, engine core, workers) before it builds the
     scheduler; it installs kvpool's pool when ``KVPOOL_VLLM=1`` (``force``:
-    ``install(force=True)``) and does nothing otherwise. An unsupported vLLM
-    with ``KVPOOL_VLLM=1`` is an error, not a silent fallback to vLLM's
-    pool."""
+    ``install(force=True)``; ``auto``: see below) and does nothing otherwise.
+    An unsupported vLLM with ``KVPOOL_VLLM=1`` is an error, not a silent
+    fallback to vLLM's pool: who asks for kvpool by name gets it or a
+    traceback.
+
+    ``KVPOOL_VLLM=auto`` is for a fleet whose vLLM is upgraded under it: on a
+    release ``VLLM_LINES`` lists, the same as ``1``; on any other, one
+    WARNING on the ``kvpool.vllm`` logger (the release found, the releases
+    kvpool lists) and vLLM runs unchanged, its own pool, manager and hasher.
+    The verdict passes to the processes vLLM starts from this one: where
+    kvpool went in, ``install()`` exports ``auto`` itself (a child with the
+    same vLLM reaches the same verdict, and one that somehow did not would
+    still start); where it was left out, ``0``, so that an engine whose front
+    end and engine core both load plugins says it once, not once a
+    process."""
     value = os.environ.get(ENV_VAR, "").strip().lower()
     if value == "force":
         install(force=True)
     elif value in ("1", "true", "yes", "on"):
         install()
+    elif value == "auto":
+        _install_if_listed()
+
+
+def _install_if_listed() -> None:
+    """``KVPOOL_VLLM=auto``: ``plugin()`` says what and why."""
+    version = vllm_version()
+    try:
+        vllm_line(version)
+    except UnsupportedVLLMVersionError:
+        os.environ[ENV_VAR] = "0"
+        releases = [release for line in VLLM_LINES for release in line.releases]
+        logger.warning(
+            "kvpool left out: vLLM %s is not a release kvpool lists, so vLLM runs "
+            "unchanged, with its own BlockPool and KVCacheManager (%s=auto). kvpool "
+            "lists vLLM %s.",
+            version,
+            ENV_VAR,
+            ", ".join(releases),
+        )
+        return
+    _install(force=False, export="auto")

@@ -34,12 +34,12 @@ def free_port() -> int:
 def _logging_config(log: Path) -> Path:
     """vLLM's logging config (``VLLM_LOGGING_CONFIG_PATH``; every vLLM
     process reads it): vLLM's warnings to stderr as usual, kvpool's INFO
-    lines with their process id to ``log``, so the run can tell in which
-    processes kvpool's install() put its pool."""
+    lines with their process id and level to ``log``, so the run can tell in
+    which processes kvpool's install() put its pool, and what kvpool said."""
     path = log.with_suffix(".json")
     path.write_text(json.dumps({
         "version": 1, "disable_existing_loggers": False,
-        "formatters": {"pid": {"format": "%(process)d %(name)s %(message)s"}},
+        "formatters": {"pid": {"format": "%(process)d %(name)s %(levelname)s %(message)s"}},
         "handlers": {
             "kvpool": {"class": "logging.FileHandler", "filename": str(log),
                        "formatter": "pid", "mode": "a"},
@@ -475,6 +475,8 @@ def main() -> None:
         "kvpool_pids": sorted({int(pid) for pid in installed}),
         # ... and those where it put its KV-cache manager in too.
         "kvpool_manager_pids": sorted({int(pid) for pid in with_manager}),
+        # kvpool's log lines of every process, as "PID LOGGER LEVEL MESSAGE".
+        "kvpool_log": log_lines,
         "pid": os.getpid(),
         "tokens": outputs,
         "metrics": metrics,

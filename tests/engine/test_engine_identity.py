@@ -86,9 +86,12 @@ class EngineRun:
 
     def __init__(self, model_dir: Path, scenario: dict, tmp: Path, *, kvpool: bool,
                  broken: int | str | None = None, leaky: bool = False,
-                 broken_manager: int | None = None) -> None:
+                 broken_manager: int | None = None, env: dict[str, str] | None = None) -> None:
         self.what = "kvpool" if kvpool else "stock"
-        extra = {}
+        # ``env``: more of the engine's environment (it wins over ``kvpool``).
+        extra = dict(env or {})
+        if env:
+            self.what += f" {env}"
         if broken:
             extra["KVPOOL_ENGINE_BROKEN"] = str(broken)
         if broken_manager:
@@ -102,9 +105,10 @@ class EngineRun:
         self.proc = subprocess.Popen(argv, env=launch.engine_env(kvpool=kvpool, **extra), cwd=tmp,
                                      stdout=self.stdout, stderr=self.stderr, text=True)
 
-    def result(self) -> dict:
+    def wait(self) -> tuple[int | str, str, str]:
+        """The process's exit status, standard output and error, once it ended."""
         try:
-            returncode = self.proc.wait(900)
+            returncode: int | str = self.proc.wait(900)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
@@ -114,6 +118,10 @@ class EngineRun:
             stream.seek(0)
             outputs.append(stream.read())
             stream.close()
+        return returncode, outputs[0], outputs[1]
+
+    def result(self) -> dict:
+        returncode, *outputs = self.wait()
         if returncode != 0:
             pytest.fail(f"engine run failed ({self.what}, exit {returncode}):\n"
                         f"{outputs[0][-3000:]}\n{outputs[1][-6000:]}", pytrace=False)

@@ -4,6 +4,7 @@ vLLM of the 0.15 line (0.15.0, 0.15.1, 0.16.0)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -228,7 +229,7 @@ def test_install_on_the_0_33_line(stub_v0_33: type, monkeypatch) -> None:
     assert kv_cache_coordinator.BlockPool is VLLM_POOL
 
 
-@pytest.mark.parametrize("value", [None, "", "0", "no"])
+@pytest.mark.parametrize("value", [None, "", "0", "no", "off", "automatic", "2"])
 def test_plugin_does_nothing_unless_asked(value, monkeypatch) -> None:
     if value is None:
         monkeypatch.delenv("KVPOOL_VLLM", raising=False)
@@ -237,6 +238,97 @@ def test_plugin_does_nothing_unless_asked(value, monkeypatch) -> None:
     kv_vllm.plugin()
     assert not kv_vllm.is_installed()
     assert manager_pool_type() is VLLM_POOL
+
+
+#: Releases kvpool does not list: a newer one, a patch and a pre-release of
+#: listed ones, a version it cannot read.
+UNLISTED = ["0.34.0", "0.16.1", "0.33.0rc1", "garbage"]
+
+
+def _kvpool_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name.startswith("kvpool")]
+
+
+def test_plugin_auto_installs_a_listed_release(monkeypatch, caplog) -> None:
+    """KVPOOL_VLLM=auto on a listed release is KVPOOL_VLLM=1, without a
+    warning, and the processes started meanwhile inherit ``auto``."""
+    from kvpool.vllm_hasher import hasher_installed
+
+    monkeypatch.setenv("KVPOOL_VLLM", " Auto ")
+    with caplog.at_level(logging.INFO, logger="kvpool"):
+        kv_vllm.plugin()
+    assert kv_vllm.is_installed()
+    assert hasher_installed()
+    assert manager_pool_type() is POOL_15
+    assert os.environ["KVPOOL_VLLM"] == "auto"
+    records = _kvpool_records(caplog)
+    assert [r for r in records if r.levelno >= logging.WARNING] == []
+    assert any("kvpool BlockPool of the 0.15 line" in r.getMessage() for r in records)
+    assert kv_vllm.uninstall() is True
+    assert os.environ["KVPOOL_VLLM"] == " Auto "  # what the test had set
+
+
+@pytest.mark.parametrize("version", UNLISTED)
+def test_plugin_auto_leaves_an_unlisted_release_alone(version: str, monkeypatch,
+                                                      caplog) -> None:
+    """KVPOOL_VLLM=auto on a release kvpool does not list: no error, vLLM's
+    pool and hasher untouched, one WARNING line naming the release found and
+    the releases listed; the processes it starts inherit ``0`` and so do not
+    say it again, nor does a second call in this process."""
+    from vllm.v1.engine import core
+
+    vllm_hasher = core.get_request_block_hasher
+    monkeypatch.setattr(vllm, "__version__", version)
+    monkeypatch.setenv("KVPOOL_VLLM", "auto")
+    with caplog.at_level(logging.INFO, logger="kvpool"):
+        kv_vllm.plugin()
+        assert os.environ["KVPOOL_VLLM"] == "0"
+        kv_vllm.plugin()
+    assert not kv_vllm.is_installed()
+    assert kv_cache_coordinator.BlockPool is VLLM_POOL
+    assert single_type_kv_cache_manager.BlockPool is VLLM_POOL
+    assert core.get_request_block_hasher is vllm_hasher
+    assert manager_pool_type() is VLLM_POOL
+    records = _kvpool_records(caplog)
+    assert [(r.name, r.levelname) for r in records] == [("kvpool.vllm", "WARNING")]
+    message = records[0].getMessage()
+    assert "\n" not in message
+    assert f"kvpool left out: vLLM {version} is not a release kvpool lists" in message
+    assert "vLLM runs unchanged" in message
+    listed = [release for line in kv_vllm.VLLM_LINES for release in line.releases]
+    assert message.endswith(f"kvpool lists vLLM {', '.join(listed)}.")
+
+
+@pytest.mark.parametrize("value", ["1", "true", "yes", "on"])
+def test_plugin_strict_on_an_unlisted_release(value: str, monkeypatch) -> None:
+    """``auto`` did not soften ``1``: through vLLM's own loader an unlisted
+    release raises (vLLM's start stops on it), the message pointing at
+    ``auto``, and nothing is installed."""
+    kvpool_entry_point()
+    monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    monkeypatch.setenv("KVPOOL_VLLM", value)
+    with pytest.raises(kv_vllm.UnsupportedVLLMVersionError, match="KVPOOL_VLLM=auto"):
+        vllm.plugins.load_general_plugins()
+    assert not kv_vllm.is_installed()
+    assert kv_cache_coordinator.BlockPool is VLLM_POOL
+    assert os.environ["KVPOOL_VLLM"] == value
+
+
+@pytest.mark.parametrize("value", [None, "", "0", "automatic"])
+def test_plugin_quiet_on_an_unlisted_release_unless_asked(value, monkeypatch,
+                                                          caplog) -> None:
+    """Without a switch value that asks for kvpool, an unlisted release is no
+    business of kvpool's: no error, no warning."""
+    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    if value is not None:
+        monkeypatch.setenv("KVPOOL_VLLM", value)
+    with caplog.at_level(logging.INFO, logger="kvpool"):
+        kv_vllm.plugin()
+    assert not kv_vllm.is_installed()
+    assert kv_cache_coordinator.BlockPool is VLLM_POOL
+    assert _kvpool_records(caplog) == []
 
 
 def test_entry_point_declared() -> None:
@@ -257,13 +349,21 @@ def test_plugin_via_vllm_loader(monkeypatch) -> None:
     assert manager_pool_type() is POOL_15
 
 
-def _pool_module_in_child(env: dict[str, str]) -> str:
+def _pool_module_in_child(env: dict[str, str], *, version: str | None = None) -> str:
     """The module of the pool a manager gets in a new interpreter that loads
-    vLLM's general plugins, as an engine-core process does at start."""
+    vLLM's general plugins, as an engine-core process does at start (with
+    ``version``: vLLM pretends to be that release)."""
+    return _child(env, version=version).stdout.strip().splitlines()[-1]
+
+
+def _child(env: dict[str, str], *, version: str | None = None) -> subprocess.CompletedProcess:
+    """``_pool_module_in_child``'s process, finished (its output in it)."""
     script = textwrap.dedent(
-        """
-        import vllm.plugins
+        f"""
+        import vllm, vllm.plugins
         import vllm_workload as vw
+        if {version!r} is not None:
+            vllm.__version__ = {version!r}
         vllm.plugins.load_general_plugins()
         pool = vw.make_manager(vw.FULL.scaled(num_blocks=64)).block_pool
         print(type(pool).__module__)
@@ -283,7 +383,7 @@ def _pool_module_in_child(env: dict[str, str]) -> str:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout.strip().splitlines()[-1]
+    return proc
 
 
 def test_plugin_in_fresh_process() -> None:
@@ -294,6 +394,19 @@ def test_plugin_in_fresh_process() -> None:
         _pool_module_in_child(dict(os.environ, KVPOOL_VLLM="0"))
         == "vllm.v1.core.block_pool"
     )
+
+
+def test_plugin_auto_in_fresh_process() -> None:
+    """KVPOOL_VLLM=auto in a new vLLM process: kvpool's pool on this listed
+    release; on an unlisted one vLLM's, and the one WARNING line on
+    stderr."""
+    kvpool_entry_point()
+    env = dict(os.environ, KVPOOL_VLLM="auto")
+    assert _pool_module_in_child(env) == "kvpool"
+    refused = _child(env, version="0.34.0")
+    assert refused.stdout.strip().splitlines()[-1] == "vllm.v1.core.block_pool"
+    said = [line for line in refused.stderr.splitlines() if "kvpool" in line]
+    assert len(said) == 1 and "kvpool left out: vLLM 0.34.0 " in said[0], said
 
 
 def test_install_reaches_spawned_processes() -> None:

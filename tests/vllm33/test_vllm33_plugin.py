@@ -4,6 +4,8 @@ end, engine core and workers)."""
 
 from __future__ import annotations
 
+import logging
+import os
 
 import pytest
 import vllm
@@ -11,6 +13,7 @@ import vllm.plugins
 from vllm.v1.core import block_pool as vllm_block_pool
 from vllm.v1.core import kv_cache_coordinator, single_type_kv_cache_manager
 
+import kvpool
 import kvpool.vllm as kv_vllm
 from _vllm_helpers import kvpool_entry_point
 VLLM_POOL = vllm_block_pool.BlockPool
@@ -70,6 +73,53 @@ def test_plugin_installs_the_0_33_pool(monkeypatch) -> None:
     assert single_type_kv_cache_manager.BlockPool is BlockPool
     assert vllm_block_pool.BlockPool is VLLM_POOL
     assert type(_small_manager().block_pool) is BlockPool
+
+
+def test_plugin_auto_installs_the_0_33_pool_and_manager(monkeypatch, caplog) -> None:
+    """KVPOOL_VLLM=auto on 0.33.0, a listed release: what ``1`` installs (pool
+    and manager), no warning, ``auto`` exported to the processes vLLM starts."""
+    from vllm.v1.core.sched import scheduler
+
+    from kvpool.vllm_events import vllm_block_pool_class
+
+    kvpool_entry_point()
+    monkeypatch.setenv("KVPOOL_VLLM", "auto")
+    with caplog.at_level(logging.INFO, logger="kvpool"):
+        _load_general_plugins(monkeypatch)
+    assert kv_vllm.is_installed()
+    assert kv_cache_coordinator.BlockPool is vllm_block_pool_class("0.33")
+    if kvpool.USING_EXTENSION:  # (kvpool's manager is compiled only)
+        assert scheduler.KVCacheManager.__module__ == "kvpool.v0_33.kv_cache_manager"
+    assert os.environ["KVPOOL_VLLM"] == "auto"
+    assert not [r for r in caplog.records if r.name.startswith("kvpool") and r.levelno >= logging.WARNING]
+
+
+def test_plugin_auto_on_an_unlisted_release(monkeypatch, caplog) -> None:
+    """A vLLM kvpool does not list (0.33.0 pretending to be 0.34.0), through
+    vLLM's loader: with ``auto``, one WARNING and vLLM's own pool, manager
+    and hasher; with ``1``, the error that stops vLLM's start."""
+    from vllm.v1.core.sched import scheduler
+    from vllm.v1.engine import core
+
+    kvpool_entry_point()
+    vllm_manager, vllm_hasher = scheduler.KVCacheManager, core.get_request_block_hasher
+    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    monkeypatch.setenv("KVPOOL_VLLM", "auto")
+    with caplog.at_level(logging.INFO, logger="kvpool"):
+        _load_general_plugins(monkeypatch)
+    assert not kv_vllm.is_installed()
+    assert kv_cache_coordinator.BlockPool is VLLM_POOL
+    assert scheduler.KVCacheManager is vllm_manager
+    assert core.get_request_block_hasher is vllm_hasher
+    records = [r for r in caplog.records if r.name.startswith("kvpool")]
+    assert [r.levelname for r in records] == ["WARNING"]
+    assert records[0].getMessage().startswith("kvpool left out: vLLM 0.34.0 ")
+
+    monkeypatch.setenv("KVPOOL_VLLM", "1")
+    with pytest.raises(kv_vllm.UnsupportedVLLMVersionError, match="found vLLM 0.34.0"):
+        _load_general_plugins(monkeypatch)
+    assert kv_cache_coordinator.BlockPool is VLLM_POOL
+    assert scheduler.KVCacheManager is vllm_manager
 
 
 def _small_manager():
