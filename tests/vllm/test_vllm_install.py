@@ -103,7 +103,7 @@ def test_context_manager_restores_on_error() -> None:
 @pytest.mark.parametrize(
     "version",
     [
-        "0.14.1", "0.17.2", "0.21.1", "0.32.1", "0.34.0", "1.15.0", "0.1.5", "garbage",
+        "0.14.1", "0.17.2", "0.21.1", "0.32.1", "0.35.0", "1.15.0", "0.1.5", "garbage",
         # Releases are listed exactly: a patch, pre-, dev or post-release of a
         # listed one was not checked.
         "0.15.2rc1", "0.15.3.dev7", "0.16.1", "0.16.1rc1", "0.33.0rc1", "0.33.0.post1",
@@ -155,8 +155,8 @@ def stub_v0_33() -> type:
         ("0.32.1", "0.32"),
         ("0.1.5", "0.15"),
         ("garbage", "0.15"),
-        ("0.34.0", "0.33"),
-        ("1.15.0", "0.33"),
+        ("0.35.0", "0.34"),
+        ("1.15.0", "0.34"),
         # Before the release it names; a post-release comes after it.
         ("0.33.0rc1", "0.32"),
         ("0.33.0.post1", "0.33"),
@@ -242,7 +242,7 @@ def test_plugin_does_nothing_unless_asked(value, monkeypatch) -> None:
 
 #: Releases kvpool does not list: a newer one, a patch and a pre-release of
 #: listed ones, a version it cannot read.
-UNLISTED = ["0.34.0", "0.16.1", "0.33.0rc1", "garbage"]
+UNLISTED = ["0.35.0", "0.16.1", "0.33.0rc1", "garbage"]
 
 
 def _kvpool_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -307,7 +307,7 @@ def test_plugin_strict_on_an_unlisted_release(value: str, monkeypatch) -> None:
     kvpool_entry_point()
     monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
     monkeypatch.delenv("VLLM_PLUGINS", raising=False)
-    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    monkeypatch.setattr(vllm, "__version__", "0.35.0")
     monkeypatch.setenv("KVPOOL_VLLM", value)
     with pytest.raises(kv_vllm.UnsupportedVLLMVersionError, match="KVPOOL_VLLM=auto"):
         vllm.plugins.load_general_plugins()
@@ -321,7 +321,7 @@ def test_plugin_quiet_on_an_unlisted_release_unless_asked(value, monkeypatch,
                                                           caplog) -> None:
     """Without a switch value that asks for kvpool, an unlisted release is no
     business of kvpool's: no error, no warning."""
-    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    monkeypatch.setattr(vllm, "__version__", "0.35.0")
     if value is not None:
         monkeypatch.setenv("KVPOOL_VLLM", value)
     with caplog.at_level(logging.INFO, logger="kvpool"):
@@ -403,10 +403,10 @@ def test_plugin_auto_in_fresh_process() -> None:
     kvpool_entry_point()
     env = dict(os.environ, KVPOOL_VLLM="auto")
     assert _pool_module_in_child(env) == "kvpool"
-    refused = _child(env, version="0.34.0")
+    refused = _child(env, version="0.35.0")
     assert refused.stdout.strip().splitlines()[-1] == "vllm.v1.core.block_pool"
     said = [line for line in refused.stderr.splitlines() if "kvpool" in line]
-    assert len(said) == 1 and "kvpool left out: vLLM 0.34.0 " in said[0], said
+    assert len(said) == 1 and "kvpool left out: vLLM 0.35.0 " in said[0], said
 
 
 def test_install_reaches_spawned_processes() -> None:

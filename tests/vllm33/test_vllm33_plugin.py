@@ -95,7 +95,7 @@ def test_plugin_auto_installs_the_0_33_pool_and_manager(monkeypatch, caplog) -> 
 
 
 def test_plugin_auto_on_an_unlisted_release(monkeypatch, caplog) -> None:
-    """A vLLM kvpool does not list (0.33.0 pretending to be 0.34.0), through
+    """A vLLM kvpool does not list (0.33.0 pretending to be 0.35.0), through
     vLLM's loader: with ``auto``, one WARNING and vLLM's own pool, manager
     and hasher; with ``1``, the error that stops vLLM's start."""
     from vllm.v1.core.sched import scheduler
@@ -103,7 +103,7 @@ def test_plugin_auto_on_an_unlisted_release(monkeypatch, caplog) -> None:
 
     kvpool_entry_point()
     vllm_manager, vllm_hasher = scheduler.KVCacheManager, core.get_request_block_hasher
-    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    monkeypatch.setattr(vllm, "__version__", "0.35.0")
     monkeypatch.setenv("KVPOOL_VLLM", "auto")
     with caplog.at_level(logging.INFO, logger="kvpool"):
         _load_general_plugins(monkeypatch)
@@ -113,10 +113,10 @@ def test_plugin_auto_on_an_unlisted_release(monkeypatch, caplog) -> None:
     assert core.get_request_block_hasher is vllm_hasher
     records = [r for r in caplog.records if r.name.startswith("kvpool")]
     assert [r.levelname for r in records] == ["WARNING"]
-    assert records[0].getMessage().startswith("kvpool left out: vLLM 0.34.0 ")
+    assert records[0].getMessage().startswith("kvpool left out: vLLM 0.35.0 ")
 
     monkeypatch.setenv("KVPOOL_VLLM", "1")
-    with pytest.raises(kv_vllm.UnsupportedVLLMVersionError, match="found vLLM 0.34.0"):
+    with pytest.raises(kv_vllm.UnsupportedVLLMVersionError, match="found vLLM 0.35.0"):
         _load_general_plugins(monkeypatch)
     assert kv_cache_coordinator.BlockPool is VLLM_POOL
     assert scheduler.KVCacheManager is vllm_manager
