@@ -299,8 +299,7 @@ cdef int _give_private_store(KVCacheBlock b, int32_t ref_cnt, uint8_t flags,
     except BaseException:
         Py_XDECREF(owned_hash)
         raise
-    mine.no_pool = type(b) is KVCacheBlock24
-    mine.v34 = type(b) is KVCacheBlock34
+    _set_handle_class(mine, type(b))
     mine.ref_cnt[0] = ref_cnt
     mine.flags[0] = flags
     mine.hash[0] = owned_hash
@@ -387,6 +386,17 @@ cdef inline bint _is_block(object o) noexcept:
             or type(o) is KVCacheBlock34)
 
 
+cdef inline bint _store33_class(object cls) noexcept:
+    """Whether handles of ``cls`` live on a 0.33-style store (token counts)."""
+    return cls is KVCacheBlock33 or cls is KVCacheBlock24 or cls is KVCacheBlock34
+
+
+cdef inline void _set_handle_class(_Store st, object cls) noexcept:
+    """Which of the 0.33-style handle classes ``st`` hands out: ``cls``'s."""
+    st.no_pool = cls is KVCacheBlock24
+    st.v34 = cls is KVCacheBlock34
+
+
 cdef int _settle_kind(_Store st, object cls) except -1:
     """A queue built from an empty list (``FreeKVCacheBlockQueue([])``, as
     vLLM's tests build one) takes the vLLM line of the first block it adopts:
@@ -397,7 +407,7 @@ cdef int _settle_kind(_Store st, object cls) except -1:
     # adds no C field, so they read the store alike).
     if st.nadopt or st.num_objs:
         return 0
-    if cls is KVCacheBlock33 or cls is KVCacheBlock24 or cls is KVCacheBlock34:
+    if _store33_class(cls):
         if st.ntok == NULL:
             st.ntok = <int64_t *> PyMem_Malloc(st.cap * sizeof(int64_t))
             if st.ntok == NULL:
@@ -405,8 +415,7 @@ cdef int _settle_kind(_Store st, object cls) except -1:
             for i in range(st.cap):
                 st.ntok[i] = NTOK_NONE
         st.v33 = True
-        st.no_pool = cls is KVCacheBlock24
-        st.v34 = cls is KVCacheBlock34
+        _set_handle_class(st, cls)
     return 0
 
 
@@ -694,15 +703,8 @@ cdef class KVCacheBlock34(KVCacheBlock33):
         return None if owner is None else _weakref(owner)
 
     def __repr__(self):
-        cdef _Store st = _live_store(self)
-        cdef int32_t p = st.prev[self._idx], nx = st.next[self._idx]
-        return (
-            f"KVCacheBlock(block_id={self._bid}, "
-            f"ref_cnt={st.ref_cnt[self._idx]}, "
-            f"block_hash={self.block_hash!r}, "
-            f"block_hash_num_tokens={self.block_hash_num_tokens}, "
-            f"prev_free_block={_neighbour_id(st, p)}, "
-            f"next_free_block={_neighbour_id(st, nx)})"
+        return _block_repr(
+            self, f"block_hash_num_tokens={self.block_hash_num_tokens}, ", "block_hash"
         )
 
 
@@ -745,15 +747,16 @@ cdef inline int64_t _check_ntok(object value) except? -1:
     return v
 
 
-cdef str _block_repr(KVCacheBlock b, str extra):
-    """Both lines' repr: neighbours by id only (printing them whole would
-    recurse along the list); ``extra``: the 0.33 line's token-count field."""
+cdef str _block_repr(KVCacheBlock b, str extra, str hash_field="_block_hash"):
+    """Every line's repr: neighbours by id only (printing them whole would
+    recurse along the list); ``extra``: the 0.33 line's token-count field;
+    ``hash_field``: the hash's field name (0.34: ``block_hash``)."""
     cdef _Store st = _live_store(b)
     cdef int32_t p = st.prev[b._idx], nx = st.next[b._idx]
     return (
         f"KVCacheBlock(block_id={b._bid}, "
         f"ref_cnt={st.ref_cnt[b._idx]}, "
-        f"_block_hash={b.block_hash!r}, "
+        f"{hash_field}={b.block_hash!r}, "
         f"{extra}"
         f"prev_free_block={_neighbour_id(st, p)}, "
         f"next_free_block={_neighbour_id(st, nx)})"
@@ -830,10 +833,8 @@ cdef class FreeKVCacheBlockQueue:
             if id(b) in seen:
                 raise ValueError(f"block {b._bid} appears twice")
             seen.add(id(b))
-        st = _Store(n, False, cls is KVCacheBlock33 or cls is KVCacheBlock24
-                    or cls is KVCacheBlock34)
-        st.no_pool = cls is KVCacheBlock24
-        st.v34 = cls is KVCacheBlock34
+        st = _Store(n, False, _store33_class(cls))
+        _set_handle_class(st, cls)
         st.unsettled = n == 0
         st.owned = True
         # Blocks made with pool=P (vLLM builds a pool's queue from its
@@ -1496,15 +1497,18 @@ cdef class BlockHashToBlockMap34(BlockHashToBlockMap):
         self._block_list = blocks
 
     cdef object block_of(self, object block_id):
-        """The block ``block_id`` names (``IndexError`` if none)."""
+        """The block ``block_id`` names: ``TypeError`` for a non-int,
+        ``IndexError`` outside ``[0, len(blocks))`` (a negative id names no
+        block, whatever the list's indexing would give)."""
         cdef Py_ssize_t i
-        if self._st is None:
-            return self._block_list[block_id]
+        cdef Py_ssize_t n = self._st.n if self._st is not None else len(self._block_list)
         if isinstance(block_id, bool) or not isinstance(block_id, int):
             raise TypeError(f"a block id must be an int, got {type(block_id).__name__}")
-        if not 0 <= block_id < self._st.n:
-            raise IndexError(f"block id {block_id} is out of range [0, {self._st.n})")
+        if not 0 <= block_id < n:
+            raise IndexError(f"block id {block_id} is out of range [0, {n})")
         i = block_id
+        if self._st is None:
+            return self._block_list[i]
         return self._st.block(i)
 
     @property

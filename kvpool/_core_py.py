@@ -220,12 +220,18 @@ class KVCacheBlock:
         raise TypeError("KVCacheBlock cannot be copied or pickled")
 
     def __repr__(self) -> str:
-        # Neighbours by id only: printing them whole would recurse along the list.
+        return self._repr("")
+
+    def _repr(self, extra: str, hash_field: str = "_block_hash") -> str:
+        """Every line's repr: neighbours by id only (printing them whole
+        would recurse along the list); ``extra``: the 0.33 line's token-count
+        field; ``hash_field``: the hash's field name (0.34: ``block_hash``)."""
         prev, next_ = self.prev_free_block, self._next
         return (
             f"KVCacheBlock(block_id={self._block_id}, "
             f"ref_cnt={self._ref_cnt}, "
-            f"_block_hash={self._hash!r}, "
+            f"{hash_field}={self._hash!r}, "
+            f"{extra}"
             f"prev_free_block={None if prev is None else prev._block_id}, "
             f"next_free_block={None if next_ is None else next_._block_id})"
         )
@@ -288,15 +294,7 @@ class KVCacheBlock33(KVCacheBlock):
         self._ntok = ntok
 
     def __repr__(self) -> str:
-        prev, next_ = self.prev_free_block, self._next
-        return (
-            f"KVCacheBlock(block_id={self._block_id}, "
-            f"ref_cnt={self._ref_cnt}, "
-            f"_block_hash={self._hash!r}, "
-            f"_block_hash_num_tokens={self._ntok}, "
-            f"prev_free_block={None if prev is None else prev._block_id}, "
-            f"next_free_block={None if next_ is None else next_._block_id})"
-        )
+        return self._repr(f"_block_hash_num_tokens={self._ntok}, ")
 
 
 class KVCacheBlock24(KVCacheBlock33):
@@ -369,15 +367,7 @@ class KVCacheBlock34(KVCacheBlock33):
         return None if self._pool is None else _weakref(self._pool)
 
     def __repr__(self) -> str:
-        prev, next_ = self.prev_free_block, self._next
-        return (
-            f"KVCacheBlock(block_id={self._block_id}, "
-            f"ref_cnt={self._ref_cnt}, "
-            f"block_hash={self._hash!r}, "
-            f"block_hash_num_tokens={self._ntok}, "
-            f"prev_free_block={None if prev is None else prev._block_id}, "
-            f"next_free_block={None if next_ is None else next_._block_id})"
-        )
+        return self._repr(f"block_hash_num_tokens={self._ntok}, ", "block_hash")
 
 
 def _make_sentinel(cls: type = KVCacheBlock) -> KVCacheBlock:
@@ -781,13 +771,27 @@ class BlockHashToBlockMap34(BlockHashToBlockMap):
         _check_hash(key, "key")
         if not isinstance(block, KVCacheBlock):
             raise TypeError(f"block must be a KVCacheBlock, got {type(block).__name__}")
-        blocks = self._blocks
-        if not 0 <= block._block_id < len(blocks) or blocks[block._block_id] is not block:
+        try:
+            known = self._block_of(block._block_id)
+        except IndexError:
+            known = None
+        if known is not block:
             raise ValueError(
                 f"block {block._block_id} is not the block of that id in the list "
                 "this map was built over"
             )
         self._insert(key, block)
+
+    def _block_of(self, block_id: int) -> KVCacheBlock:
+        """The block ``block_id`` names: ``TypeError`` for a non-int,
+        ``IndexError`` outside ``[0, len(blocks))`` (a negative id names no
+        block, whatever the list's indexing would give)."""
+        if isinstance(block_id, bool) or not isinstance(block_id, int):
+            raise TypeError(f"a block id must be an int, got {type(block_id).__name__}")
+        blocks = self._blocks
+        if not 0 <= block_id < len(blocks):
+            raise IndexError(f"block id {block_id} is out of range [0, {len(blocks)})")
+        return blocks[block_id]
 
     @property
     def _cache(self) -> _IdCacheView:
@@ -828,8 +832,7 @@ class _IdCacheView(MutableMapping):
 
     def __setitem__(self, key: bytes, block_id: int) -> None:
         _check_hash(key, "key")
-        block = self._map._blocks[block_id]
-        self._map._table[key] = block
+        self._map._table[key] = self._map._block_of(block_id)
 
     def __delitem__(self, key: bytes) -> None:
         del self._map._table[key]
