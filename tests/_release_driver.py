@@ -385,11 +385,6 @@ def _map_entries(hash_map: Any) -> dict[bytes, list[int]]:
     }
 
 
-def _map_ids(hash_map: Any, key: bytes) -> set[int]:
-    """The ids of the blocks the map holds under ``key``."""
-    return set(_map_entries(hash_map).get(key, ()))
-
-
 def _map_state(pool: Any) -> dict[str, Any]:
     hash_map = pool.cached_block_hash_to_block
     entries = {}
@@ -542,6 +537,8 @@ def check_invariants(pool: Any, features: Features = LATEST) -> None:
 
     hash_map = pool.cached_block_hash_to_block
     by_block = pool.cached_block_hashes_by_block if features.partial else {}
+    # The map's entries, read once (the blocks' keys are checked against them).
+    actual = {k: set(ids) for k, ids in _map_entries(hash_map).items()}
     expected: dict[bytes, set[int]] = {}
     for b in blocks:
         extra = by_block.get(b.block_id, set())
@@ -552,13 +549,12 @@ def check_invariants(pool: Any, features: Features = LATEST) -> None:
         if b.is_null:
             fail("the null block carries a hash")
         for k in [b.block_hash, *extra]:
-            if b.block_id not in _map_ids(hash_map, k):
+            if b.block_id not in actual.get(k, ()):
                 fail(f"block {b.block_id}'s key {k!r} is not in the map under it")
             expected.setdefault(k, set()).add(b.block_id)
     for bid in by_block:
         if not 0 <= bid < len(blocks) or not by_block[bid]:
             fail(f"cached_block_hashes_by_block has a bad entry for {bid}")
-    actual = {k: set(ids) for k, ids in _map_entries(hash_map).items()}
     if actual != expected:
         fail(f"the map {actual} does not point back to the blocks' keys {expected}")
     if len(hash_map) != len(expected):
