@@ -126,7 +126,7 @@ import os
 import sys
 import kvpool
 from kvpool.vllm import UnsupportedVLLMVersionError, vllm_line
-from kvpool.vllm_manager import manager_enabled
+from kvpool.vllm.manager import manager_enabled
 try:
     line = vllm_line(sys.argv[1])
 except UnsupportedVLLMVersionError:

@@ -2,7 +2,7 @@
 
 For each of vLLM's four ``prefix_caching_hash_algo`` values, both hashers
 (``vllm.v1.core.kv_cache_utils.get_request_block_hasher`` and
-``kvpool.vllm_hasher.get_request_block_hasher``, built with vLLM's own hash
+``kvpool.vllm.hasher.get_request_block_hasher``, built with vLLM's own hash
 function) hash the same requests, A/B interleaved (the order alternates
 every round), and must return the same hashes:
 
@@ -48,7 +48,7 @@ from vllm.v1.core import kv_cache_utils
 from vllm.v1.utils import ConstantList
 
 import kvpool
-from kvpool import vllm_hasher
+from kvpool.vllm import hasher as vllm_hasher
 
 BLOCK_SIZE = 16
 PROMPT_TOKENS = 32 * 1024

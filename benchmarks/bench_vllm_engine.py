@@ -128,7 +128,7 @@ def _is_pool(file: str, name: str) -> bool:
 
 def _is_hashing(file: str, name: str) -> bool:
     return name in ("request_block_hasher", "hash_block_tokens", "hash_request_tokens") or (
-        "vllm_hasher" in file)
+        file.endswith(("vllm_hasher.py", "vllm/hasher.py")))
 
 
 SHARES = [("scheduler (schedule + update_from_output)", _is_scheduler),
@@ -200,7 +200,7 @@ def clock_report(model: Path, scenario: dict, tmp: Path, name: str, rounds: int)
 # Python files by kvpool's directory (its request hasher excepted).
 _MANAGER_FILES = ("v1/core/kv_cache_manager.py", "v1/core/kv_cache_coordinator.py",
                   "v1/core/single_type_kv_cache_manager.py", "v1/core/block_pool.py")
-_KVPOOL_HASHER = ("_hasher.pyx", "vllm_hasher.py", "_hasher_py.py")
+_KVPOOL_HASHER = ("_hasher.pyx", "vllm/hasher.py", "_hasher_py.py")
 # The files whose calls into the manager are call sites (see manager_call_sites).
 _CALLER_DIR = "v1/core/sched"
 

@@ -76,7 +76,7 @@ if hasattr(_VLLMManager, _vw15.DRIVER_SPLIT):
     import vllm_workload33 as vw
 else:
     vw = _vw15
-from kvpool.vllm_events import vllm_block_pool_class  # noqa: E402
+from kvpool.vllm import vllm_block_pool_class  # noqa: E402
 
 LINE = kv_vllm.vllm_line(vllm.__version__, force=True)
 #: kvpool's KV-cache manager of the line (None: the line has none).

@@ -262,7 +262,7 @@ cdef class RequestBlockHasher:
     """vLLM's ``request_block_hasher(request)`` (what its
     ``get_request_block_hasher`` returns), for one of vLLM's four hash
     functions: the hashes of the request's new full blocks, computed in one
-    call. Built by ``kvpool.vllm_hasher``; reads of a request only what
+    call. Built by ``kvpool.vllm.hasher``; reads of a request only what
     vLLM's hasher reads.
 
     ``none_hash_holder.NONE_HASH`` is read at call time (vLLM's

@@ -77,7 +77,7 @@ class BlockPoolMixin:
     """
 
     # The event classes queued; inside vLLM, vLLM's own (see
-    # kvpool.vllm_events), which encode to the same bytes.
+    # kvpool.vllm.events), which encode to the same bytes.
     _BlockStored: type = BlockStored
     _BlockRemoved: type = BlockRemoved
     _AllBlocksCleared: type = AllBlocksCleared

@@ -178,7 +178,7 @@ class BlockHashListWithBlockSize:
 # of vLLM's four algorithms. The compiled ``kvpool._hasher`` writes the
 # pickle / CBOR bytes and digests them in C; its pure-Python twin
 # ``kvpool._hasher_py`` does what vLLM does. Inside vLLM,
-# ``kvpool.vllm_hasher`` puts the same machinery behind vLLM's
+# ``kvpool.vllm.hasher`` puts the same machinery behind vLLM's
 # ``get_request_block_hasher``.
 
 #: vLLM's ``prefix_caching_hash_algo`` values.

@@ -29,7 +29,7 @@ from vllm.utils import hashing as vllm_hashing
 from vllm.v1.core import kv_cache_utils
 from vllm.v1.request import Request
 
-from kvpool import vllm_hasher
+from kvpool.vllm import hasher as vllm_hasher
 
 try:
     import xxhash  # noqa: F401  (vLLM's xxhash algorithms need it)
@@ -281,3 +281,83 @@ def test_kv_cache_utils_rebound_to_kvpools(monkeypatch):
 @pytest.mark.parametrize("seed", range(4))
 def test_same_hashes_with_lookahead(seed, algorithm, kind, lookahead, none_hash_mode):
     check_same_hashes(seed, algorithm, kind, lookahead)
+
+
+# ----------------------------------------------------------- planted faults
+
+def _fault_keys(fault: str, request, key):
+    """One block's extra keys as a broken hasher would give them."""
+    if key is None:
+        return None
+    if fault == "salt_dropped":
+        salt = request.cache_salt
+        key = tuple(e for e in key if e != salt and e != ("cache_salt", salt))
+    elif fault == "neighbour_lora_key":
+        # The other convention of the LoRA key: the name alone (up to 0.30)
+        # against ("lora", name, path) (0.31 on), whichever this release is not.
+        lora = request.lora_request
+        tagged = ("lora", lora.lora_name, lora.lora_path)
+        key = tuple(
+            tagged if e == lora.lora_name
+            else lora.lora_name if isinstance(e, tuple) and e[:1] == ("lora",)
+            else e
+            for e in key
+        )
+    return key or None
+
+
+class _PlantedHasherModule:
+    """``kvpool._hasher`` as ``kvpool.vllm.hasher`` uses it, with one fault
+    planted in the ``RequestBlockHasher`` it builds: the extra keys, the
+    ``NONE_HASH`` it reads, the serialiser or the lookahead."""
+
+    __name__ = "kvpool._hasher"
+
+    def __init__(self, real, fault: str) -> None:
+        self.real = real
+        self.fault = fault
+
+    def RequestBlockHasher(self, algorithm, block_size, lookahead, holder,
+                           token_list_type, extra_keys, fallback, vllm_hasher):
+        fault = self.fault
+        if fault in ("salt_dropped", "neighbour_lora_key"):
+            def planted_keys(request, start, num_blocks, _keys=extra_keys):
+                keys = _keys(request, start, num_blocks)
+                return None if keys is None else [_fault_keys(fault, request, k) for k in keys]
+
+            extra_keys = planted_keys
+        elif fault == "none_hash_wrong":
+            class holder:  # a NONE_HASH that is not vLLM's
+                NONE_HASH = b"\x00" * 32
+        elif fault == "serialiser_swapped":
+            algorithm ^= 1  # pickle <-> CBOR, the same digest
+        elif fault == "lookahead_off_by_one":
+            lookahead += 1
+        return self.real.RequestBlockHasher(algorithm, block_size, lookahead, holder,
+                                            token_list_type, extra_keys, fallback, vllm_hasher)
+
+
+#: A planted fault -> the kind of request that must reveal it.
+PLANTED_FAULTS = {
+    "salt_dropped": "salt",
+    "neighbour_lora_key": "lora",
+    "none_hash_wrong": "plain",
+    "serialiser_swapped": "plain",
+    "lookahead_off_by_one": "plain",
+}
+
+
+def planted_faults_are_caught(fault: str) -> None:
+    """``check_same_hashes`` must fail for some of a few seeds when kvpool's
+    hasher has ``fault``: the shared tests have teeth on this release."""
+    real = vllm_hasher._compiled_hasher()
+    assert real is not None, "kvpool's compiled hasher is not available"
+    caught = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(vllm_hasher, "_compiled_hasher", lambda: _PlantedHasherModule(real, fault))
+        for seed in range(12):
+            try:
+                check_same_hashes(seed, "sha256", PLANTED_FAULTS[fault])
+            except AssertionError:
+                caught.append(seed)
+    assert caught, f"the planted fault {fault!r} was not caught in 12 seeds"

@@ -180,13 +180,13 @@ def test_engine_bench_sample_shares() -> None:
         f"{loop};Scheduler.schedule ({sched_file}:778) 7",
         f"{loop};Scheduler.schedule ({sched_file}:1735) 1",
         # kvpool's Python side, then vLLM's pool under it: one entry, the outer
-        f"{loop};{sched};KVCacheManager33.take_events ({kvdir}vllm_manager.py:50);"
+        f"{loop};{sched};KVCacheManager33.take_events ({kvdir}vllm/manager.py:50);"
         f"take_events (/env/vllm/v1/core/block_pool.py:9) 2",
         # vLLM's own manager (the stock side), entered from a call site
         f"{loop};Scheduler.schedule ({sched_file}:778);KVCacheManager.allocate_slots (/env/vllm/v1/core/kv_cache_manager.py:250) 5",
         # kvpool's request hasher is not the manager
         f"{loop};append_output_token_ids (/env/vllm/v1/request.py:5);"
-        f"hash_block ({kvdir}vllm_hasher.py:40) 3",
+        f"hash_block ({kvdir}vllm/hasher.py:40) 3",
         # a call site's line in another file, or deeper than the innermost frame
         f"{loop};update ({sched_file.replace('scheduler', 'output')}:778) 4",
         f"{loop};Scheduler.schedule ({sched_file}:778);__len__ (/env/vllm/v1/request.py:1) 6",

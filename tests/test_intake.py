@@ -272,7 +272,7 @@ def test_nearest_listed(intake):
 
 
 def test_add_release_edits_only_that_lines_tuple(intake):
-    source = (ROOT / "kvpool" / "vllm.py").read_text()
+    source = (ROOT / "kvpool" / "vllm" / "releases.py").read_text()
     edited = intake.add_release(source, "0.33", "0.34.0")
     changed = [d for d in difflib.ndiff(source.splitlines(), edited.splitlines())
                if d.startswith(("-", "+"))]
@@ -284,14 +284,14 @@ def test_add_release_edits_only_that_lines_tuple(intake):
 
 def test_add_release_result_is_the_registry(intake, tmp_path):
     copy = tmp_path / "vllm_copy.py"
-    copy.write_text(intake.add_release((ROOT / "kvpool" / "vllm.py").read_text(), "0.33", "0.34.0"))
+    copy.write_text(intake.add_release((ROOT / "kvpool" / "vllm" / "releases.py").read_text(), "0.33", "0.34.0"))
     module = load_script(copy, "_kvpool_intake_applied")
     assert module.vllm_line("0.34.0").name == "0.33"
     assert module.vllm_line("0.33.0").name == "0.33"
 
 
 def test_add_release_refuses(intake):
-    source = (ROOT / "kvpool" / "vllm.py").read_text()
+    source = (ROOT / "kvpool" / "vllm" / "releases.py").read_text()
     with pytest.raises(ValueError, match="already a release of line 0.20"):
         intake.add_release(source, "0.20", "0.20.1")
     with pytest.raises(ValueError, match="not one"):

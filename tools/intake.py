@@ -28,7 +28,7 @@ costs hours, not days:
    unchanged, and every suite ran and passed; else "not proven", with the
    list of what a new line must cover. Exit status 0 only for "add it".
    ``--apply`` (with "add it" only) adds the release to the line's
-   ``releases`` in ``kvpool/vllm.py``, extends the exceptions of vLLM's own
+   ``releases`` in ``kvpool/vllm/releases.py``, extends the exceptions of vLLM's own
    tests that hold for RELEASE to it, and rewrites the README's table.
 """
 
@@ -49,7 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PINS = ROOT / "tests" / "vllm_suites" / "SHA256SUMS"
 EXCEPTIONS = ROOT / "tests" / "vllm_suites" / "exceptions.txt"
-LINES_SOURCE = ROOT / "kvpool" / "vllm.py"
+LINES_SOURCE = ROOT / "kvpool" / "vllm" / "releases.py"
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def nearest_listed(version: str, listed: dict[str, str]) -> str:
 
 
 def _lines_module():  # noqa: ANN202
-    """The checkout's ``kvpool/vllm.py``, loaded on its own: it needs only the
+    """The checkout's ``kvpool/vllm/releases.py``, loaded on its own: it needs only the
     standard library, so the intake runs without kvpool's dependencies (the
     package's ``__init__`` imports msgspec and the core)."""
     import importlib.util
@@ -361,13 +361,13 @@ def _short(text: str, width: int = 160) -> str:
 # ------------------------------------------------------------------- apply
 
 def add_release(source: str, line: str, release: str) -> str:
-    """``kvpool/vllm.py``'s text with ``release`` added, in order, to the
+    """``kvpool/vllm/releases.py``'s text with ``release`` added, in order, to the
     ``releases`` of the ``VLLMLine`` named ``line``; only that tuple's text
     changes."""
     pattern = re.compile(r'(VLLMLine\(\s*"' + re.escape(line) + r'",\s*)\(([^()]*)\)')
     found = list(pattern.finditer(source))
     if len(found) != 1:
-        raise ValueError(f"kvpool/vllm.py has {len(found)} VLLMLine({line!r}, ...) entries, not one")
+        raise ValueError(f"kvpool/vllm/releases.py has {len(found)} VLLMLine({line!r}, ...) entries, not one")
     match = found[0]
     releases = re.findall(r'"([^"]+)"', match[2])
     if release in releases:
@@ -411,7 +411,7 @@ def apply(version: str, against: str, line: str) -> list[str]:
     done = []
     source = LINES_SOURCE.read_text(encoding="utf-8")
     LINES_SOURCE.write_text(add_release(source, line, version), encoding="utf-8")
-    done.append(f"kvpool/vllm.py: {version} added to line {line}")
+    done.append(f"kvpool/vllm/releases.py: {version} added to line {line}")
     old = EXCEPTIONS.read_text(encoding="utf-8")
     new = extend_exceptions(old, against, version)
     if new != old:
@@ -529,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"the suites to run, of {','.join(SUITES)} (default: all; a suite "
                         "left out is 'not run' and keeps the verdict from 'add it')")
     p.add_argument("--apply", action="store_true",
-                   help="on 'add it': add VERSION to the line (kvpool/vllm.py), extend the "
+                   help="on 'add it': add VERSION to the line (kvpool/vllm/releases.py), extend the "
                         "exceptions, rewrite the README's release table")
     a = p.parse_args(argv)
     started = time.monotonic()

@@ -4,7 +4,7 @@
 ``BlockStored``, after ``group_idx``, both defaulting to None (in the hash
 too): the pool leaves them None, and vLLM's ``KVCacheManager.take_events``
 fills them in from the group's spec -- on vLLM's own event class, which is
-why inside vLLM the pool queues vLLM's events (``kvpool.vllm_events``).
+why inside vLLM the pool queues vLLM's events (``kvpool.vllm.events``).
 ``BlockRemoved`` stays 0.20's. Still tagged msgpack arrays.
 """
 

@@ -1,11 +1,11 @@
 """kvpool's 0.33 pool for use inside vLLM 0.33 (queues vLLM's own event
-objects); see ``kvpool.vllm_events``."""
+objects); see ``kvpool.vllm.events``."""
 
 from __future__ import annotations
 
 from types import ModuleType
 
-from ..vllm_events import vllm_block_pool_class as _for_line
+from ..vllm.releases import vllm_block_pool_class as _for_line
 
 __all__ = ["vllm_block_pool_class"]
 

@@ -446,9 +446,14 @@ def main() -> None:
         if metric.name in ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries",
                            "vllm:num_preemptions"):
             metrics[metric.name] = getattr(metric, "value", None)
-    pool_class = kv_groups = manager_class = manager_counts = None
+    pool_class = kv_groups = manager_class = manager_counts = hasher = None
     if not scenario.get("multiprocess"):
-        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+        core = llm.llm_engine.engine_core.engine_core
+        # The request block hasher the engine core built: kvpool's compiled
+        # one ("kvpool"), vLLM's ("vllm"), or none (no prefix caching).
+        built = getattr(core, "request_block_hasher", None)
+        hasher = None if built is None else "kvpool" if getattr(built, "kvpool", False) else "vllm"
+        scheduler = core.scheduler
         pool = scheduler.kv_cache_manager.block_pool
         pool_class = f"{type(pool).__module__}.{type(pool).__qualname__}"
         manager = scheduler.kv_cache_manager
@@ -483,6 +488,7 @@ def main() -> None:
         "events": collector.take() if collector is not None else None,
         "pool_class": pool_class,
         "manager_class": manager_class,
+        "hasher": hasher,
         "manager_counts": manager_counts,
         "kv_cache_groups": kv_groups,
         "windows": windows,

@@ -228,6 +228,11 @@ def assert_same_run(scenario: dict, stock: dict, ours: dict, *, evicts: bool = F
         assert stock["pool_class"].startswith("vllm."), stock["pool_class"]
         assert ours["pool_class"].startswith("kvpool."), ours["pool_class"]
         assert stock["manager_class"].startswith("vllm."), stock["manager_class"]
+        if scenario.get("prefix_caching", True):
+            # kvpool's request block hasher on every line: its hashes are the
+            # block hashes of the events compared below.
+            assert (stock["hasher"], ours["hasher"]) == ("vllm", "kvpool"), (
+                stock["hasher"], ours["hasher"])
         if MANAGER:
             # kvpool's manager, and its compiled paths took the decode steps.
             assert ours["manager_class"].startswith("kvpool."), ours["manager_class"]

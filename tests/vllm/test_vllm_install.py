@@ -21,7 +21,7 @@ from vllm.v1.core import kv_cache_coordinator, single_type_kv_cache_manager
 
 import kvpool
 import kvpool.vllm as kv_vllm
-from kvpool.vllm_events import vllm_block_pool_class
+from kvpool.vllm import vllm_block_pool_class
 
 # What install() puts in for the 0.15 line: kvpool.BlockPool queueing vLLM's
 # own event objects.
@@ -252,7 +252,7 @@ def _kvpool_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]
 def test_plugin_auto_installs_a_listed_release(monkeypatch, caplog) -> None:
     """KVPOOL_VLLM=auto on a listed release is KVPOOL_VLLM=1, without a
     warning, and the processes started meanwhile inherit ``auto``."""
-    from kvpool.vllm_hasher import hasher_installed
+    from kvpool.vllm.hasher import hasher_installed
 
     monkeypatch.setenv("KVPOOL_VLLM", " Auto ")
     with caplog.at_level(logging.INFO, logger="kvpool"):

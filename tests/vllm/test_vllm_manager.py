@@ -24,7 +24,7 @@ from vllm.v1.core import block_pool as vllm_block_pool
 from vllm.v1.core import kv_cache_coordinator
 
 import kvpool
-from kvpool.vllm_events import vllm_block_pool_class
+from kvpool.vllm import vllm_block_pool_class
 import kvpool.vllm as kv_vllm
 
 WORKLOADS = {

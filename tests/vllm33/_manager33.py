@@ -7,7 +7,7 @@ import vllm_workload33 as vw
 from _vllm_helpers import pool_in_vllm
 
 from kvpool.v0_33.kv_cache_manager import KVCacheManager
-from kvpool.vllm_events import vllm_block_pool_class
+from kvpool.vllm import vllm_block_pool_class
 
 BLOCK = 16
 

@@ -62,7 +62,7 @@ def test_plugin_installs_the_0_33_pool(monkeypatch) -> None:
     kvpool_entry_point()
     monkeypatch.setenv("KVPOOL_VLLM", "1")
     from kvpool.v0_33 import BlockPool as Facade
-    from kvpool.vllm_events import vllm_block_pool_class
+    from kvpool.vllm import vllm_block_pool_class
 
     BlockPool = vllm_block_pool_class("0.33")
     assert issubclass(BlockPool, Facade)
@@ -80,7 +80,7 @@ def test_plugin_auto_installs_the_0_33_pool_and_manager(monkeypatch, caplog) -> 
     and manager), no warning, ``auto`` exported to the processes vLLM starts."""
     from vllm.v1.core.sched import scheduler
 
-    from kvpool.vllm_events import vllm_block_pool_class
+    from kvpool.vllm import vllm_block_pool_class
 
     kvpool_entry_point()
     monkeypatch.setenv("KVPOOL_VLLM", "auto")

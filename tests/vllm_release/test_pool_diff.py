@@ -15,7 +15,7 @@ seed, the step, the operation, what differs and both states.
 Candidates: ``vllm`` (the release's pool against itself: the harness must
 pass for every release), kvpool's line over the compiled and the pure-Python
 core with kvpool's own event classes, and over the compiled core as
-installed into vLLM (``kvpool.vllm_events.vllm_block_pool_class``: vLLM's own
+installed into vLLM (``kvpool.vllm.vllm_block_pool_class``: vLLM's own
 event classes). ``test_harness_catches_broken_pool`` checks that
 deliberately broken pools, at least one for each release, are caught at the
 very step their bug shows.
@@ -210,7 +210,7 @@ def candidate(name: str, seed: int) -> tuple[str, type, type, type]:
     if name not in _pool_classes:
         core = importlib.import_module(CORE_MODULES[name.removesuffix("-vllm-events")])
         if name.endswith("-vllm-events"):
-            from kvpool.vllm_events import vllm_block_pool_class
+            from kvpool.vllm import vllm_block_pool_class
 
             cls, stored = vllm_block_pool_class(line.name, core), vllm_events.BlockStored
         else:

@@ -46,7 +46,7 @@ from vllm.v1.core import kv_cache_coordinator
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 
 import kvpool.vllm as kv_vllm
-from kvpool.vllm_events import vllm_block_pool_class
+from kvpool.vllm import vllm_block_pool_class
 
 RELEASE = vllm.__version__
 LATE_DRIVER = hasattr(KVCacheManager, vw15.DRIVER_SPLIT)

@@ -20,7 +20,7 @@ import pytest
 import vllm
 
 import kvpool.vllm as kv_vllm
-from kvpool.vllm_events import vllm_block_pool_class
+from kvpool.vllm import vllm_block_pool_class
 
 RELEASE = vllm.__version__
 try:

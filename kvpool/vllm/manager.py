@@ -24,7 +24,14 @@ from typing import Any
 
 from ._rebind import Rebinding
 
-__all__ = ["ENV_VAR", "install_manager", "manager_enabled", "manager_installed", "uninstall_manager"]
+__all__ = [
+    "ENV_VAR",
+    "install_manager",
+    "manager_declined",
+    "manager_enabled",
+    "manager_installed",
+    "uninstall_manager",
+]
 
 logger = logging.getLogger("kvpool.vllm")
 
@@ -32,7 +39,7 @@ logger = logging.getLogger("kvpool.vllm")
 ENV_VAR = "KVPOOL_VLLM_MANAGER"
 
 _lock = threading.RLock()
-_rebinding = Rebinding("KVCacheManager", ("vllm.v1.core.sched.scheduler",))
+_rebinding = Rebinding("KVCacheManager", ("vllm.v1.core.sched.scheduler",), "KVCacheManager")
 
 
 def manager_enabled() -> bool:
@@ -40,28 +47,35 @@ def manager_enabled() -> bool:
     return os.environ.get(ENV_VAR, "").strip().lower() not in ("0", "false", "no", "off")
 
 
+def manager_declined(line: Any) -> str | None:
+    """Why ``install_manager(line)`` would leave vLLM's manager in, or
+    ``None`` if it would put kvpool's in (``python -m kvpool.vllm`` prints
+    it)."""
+    from kvpool import USING_EXTENSION
+
+    if not manager_enabled():
+        return f"{ENV_VAR}={os.environ.get(ENV_VAR)}: vLLM keeps its own KV-cache manager"
+    if line.manager is None:
+        return f"kvpool has no KV-cache manager for the {line.name} line: vLLM keeps its own"
+    if not USING_EXTENSION:
+        return ("kvpool's manager paths are compiled only: vLLM keeps its own "
+                "KV-cache manager over the pure-Python core")
+    return None
+
+
 def install_manager(line: Any) -> bool:
     """Make vLLM schedulers built from now on (in this process) build
     kvpool's ``KVCacheManager`` of ``line`` (a ``kvpool.vllm.VLLMLine``).
     Returns ``True`` if this call installed it; ``False`` if it was
     installed already, if ``KVPOOL_VLLM_MANAGER=0``, if the line has no
-    kvpool manager, or if the compiled core is not in use."""
-    from kvpool import USING_EXTENSION
-
+    kvpool manager, or if the compiled core is not in use
+    (``manager_declined`` says which)."""
     with _lock:
         if _rebinding.installed:
             return False
-        if not manager_enabled():
-            logger.info("%s=%s: vLLM keeps its own KV-cache manager",
-                        ENV_VAR, os.environ.get(ENV_VAR))
-            return False
-        if line.manager is None:
-            logger.info("kvpool has no KV-cache manager for the %s line: vLLM keeps its own",
-                        line.name)
-            return False
-        if not USING_EXTENSION:
-            logger.info("kvpool's manager paths are compiled only: vLLM keeps its own "
-                        "KV-cache manager over the pure-Python core")
+        reason = manager_declined(line)
+        if reason is not None:
+            logger.info("%s", reason)
             return False
         _rebinding.install(importlib.import_module(line.manager).KVCacheManager)
         logger.info("kvpool KVCacheManager of the %s line (%s) installed into vLLM",
@@ -73,10 +87,7 @@ def uninstall_manager() -> bool:
     """Give vLLM's scheduler its own manager back (for schedulers built from
     now on). Returns ``True`` if kvpool's was installed."""
     with _lock:
-        if not _rebinding.uninstall():
-            return False
-        logger.info("kvpool KVCacheManager uninstalled from vLLM")
-        return True
+        return _rebinding.uninstall()
 
 
 def manager_installed() -> bool:
