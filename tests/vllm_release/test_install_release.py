@@ -2,21 +2,24 @@
 accepted, and what its line says goes in -- the line's pool under the name
 vLLM's coordinator builds it through, the line's ``KVCacheManager`` under the
 scheduler's name (for a line that has one, with the compiled core), and
-kvpool's request block hasher under the engine core's (for a hasher line,
-where the engine core imports here) -- and ``uninstall()`` puts vLLM's own
+kvpool's request block hasher under the engine core's (every line:
+``VLLMLine.hasher``; where the engine core imports here) -- and ``uninstall()`` puts vLLM's own
 back. A release CI lists must never need ``force``."""
 
 from __future__ import annotations
 
 import importlib
+import json
 import re
+import subprocess
+import sys
 
 import pytest
 import vllm
 
 import kvpool
 from kvpool import vllm as kv_vllm
-from kvpool.vllm_hasher import SUPPORTED_VLLM_LINES
+from kvpool.vllm.__main__ import report
 
 
 def _engine_core():
@@ -39,6 +42,9 @@ def test_install_puts_in_what_the_line_says(monkeypatch):
     engine_core = _engine_core()
     vllm_pool, vllm_manager = coordinator.BlockPool, scheduler.KVCacheManager
     vllm_hasher = getattr(engine_core, "get_request_block_hasher", None)
+    said = report()  # python -m kvpool.vllm's verdict, checked against what goes in
+    assert said["status"] == "listed" and said["line"]["name"] == line.name, said
+    assert said["pool"]["kvpool"]
 
     assert kv_vllm.install() is True
     try:
@@ -48,12 +54,13 @@ def test_install_puts_in_what_the_line_says(monkeypatch):
             assert manager is importlib.import_module(line.manager).KVCacheManager
         else:
             assert manager is vllm_manager
-        hasher_line = (int(series[1]), int(series[2])) in SUPPORTED_VLLM_LINES
+        assert said["manager"]["kvpool"] == (manager is not vllm_manager), said["manager"]
         if engine_core is not None and hasattr(engine_core, "get_request_block_hasher"):
-            from kvpool.vllm_hasher import get_request_block_hasher
+            from kvpool.vllm.hasher import get_request_block_hasher
 
             ours = engine_core.get_request_block_hasher is get_request_block_hasher
-            assert ours == (hasher_line and kvpool.USING_EXTENSION), (vllm.__version__, ours)
+            assert ours == (line.hasher and kvpool.USING_EXTENSION), (vllm.__version__, ours)
+            assert said["hasher"]["kvpool"] == ours, said["hasher"]
     finally:
         assert kv_vllm.uninstall() is True
     assert coordinator.BlockPool is vllm_pool
@@ -66,3 +73,14 @@ def test_the_release_is_listed():
     if not any(vllm.__version__ in line.releases for line in kv_vllm.VLLM_LINES):
         pytest.skip(f"vLLM {vllm.__version__} runs here as another release's (the intake)")
     assert kv_vllm.check_vllm_version() == vllm.__version__
+
+
+def test_python_m_kvpool_vllm_says_listed(tmp_path):
+    """The command a user runs: exit 0 and this release's line, from vLLM
+    imported (not asked about)."""
+    result = subprocess.run([sys.executable, "-m", "kvpool.vllm", "--json"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, (result.stdout, result.stderr[-2000:])
+    said = json.loads(result.stdout)
+    assert said["vllm"] == vllm.__version__ and said["vllm_path"]
+    assert said["line"]["name"] == kv_vllm.vllm_line().name

@@ -1,0 +1,111 @@
+"""``python -m kvpool.vllm``, the report of what kvpool would put into the
+vLLM installed here, without vLLM: with none importable (a clear message,
+exit 1), and with a stand-in ``vllm`` package of a listed release (exit 0)
+and of an unlisted one (exit 2), under the switches that change the verdict.
+The release suites (``tests/vllm_release/test_install_release.py``) check
+the same report against what ``install()`` does in each real release."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import kvpool
+from kvpool.vllm import VLLM_LINES
+from kvpool.vllm.__main__ import NO_VLLM, OK, REFUSED
+
+_SWITCHES = ("KVPOOL_VLLM", "KVPOOL_VLLM_MANAGER", "KVPOOL_VLLM_HASHER", "KVPOOL_VLLM_INTAKE")
+
+
+def run(tmp_path: Path, version: str | None, *args: str, **env: str):
+    """``python -m kvpool.vllm ARGS`` from ``tmp_path``, with a stand-in vLLM
+    of ``version`` first on the path (None: a ``vllm`` that fails to import,
+    as where vLLM is absent)."""
+    stub = tmp_path / "stub"
+    (stub / "vllm").mkdir(parents=True, exist_ok=True)
+    body = (f"__version__ = {version!r}\n" if version is not None
+            else "raise ModuleNotFoundError(\"No module named 'vllm'\", name='vllm')\n")
+    (stub / "vllm" / "__init__.py").write_text(body)
+    environ = {k: v for k, v in os.environ.items() if k not in _SWITCHES}
+    environ["PYTHONPATH"] = os.pathsep.join(
+        [str(stub), str(Path(kvpool.__file__).parent.parent), environ.get("PYTHONPATH", "")])
+    environ.update(env)
+    return subprocess.run([sys.executable, "-m", "kvpool.vllm", *args], cwd=tmp_path,
+                          env=environ, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_no_vllm_is_a_message_not_a_traceback(tmp_path):
+    result = run(tmp_path, None)
+    assert result.returncode == NO_VLLM, result
+    assert "vLLM: not found" in result.stdout and "pip install 'kvpool[vllm]'" in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_a_listed_release(tmp_path):
+    newest = VLLM_LINES[-1]
+    result = run(tmp_path, newest.releases[-1] + "+cpu")
+    assert result.returncode == OK, result
+    assert "Traceback" not in result.stderr
+    out = result.stdout
+    assert f"line {newest.name} ({newest.module})" in out
+    assert f"pool     kvpool's  {newest.module}.BlockPool" in out
+    compiled = kvpool.USING_EXTENSION
+    assert ("manager  kvpool's  " in out) == compiled, out
+    assert ("hasher   kvpool's  " in out) == compiled, out
+    assert "KVPOOL_VLLM=unset: the vLLM plugin does nothing" in out
+
+
+def test_a_line_without_a_manager(tmp_path):
+    result = run(tmp_path, "0.29.0", "--json")
+    assert result.returncode == OK, result
+    report = json.loads(result.stdout)
+    assert report["line"]["name"] == "0.29"
+    assert report["manager"] == {
+        "kvpool": False,
+        "what": "kvpool has no KV-cache manager for the 0.29 line: vLLM keeps its own",
+    }
+    assert report["hasher"]["kvpool"] == kvpool.USING_EXTENSION
+
+
+@pytest.mark.parametrize("switch, part", [("KVPOOL_VLLM_MANAGER", "manager"),
+                                          ("KVPOOL_VLLM_HASHER", "hasher")])
+def test_a_switch_that_keeps_vllms(tmp_path, switch, part):
+    result = run(tmp_path, "0.34.0", "--json", **{switch: "off"})
+    assert result.returncode == OK, result
+    report = json.loads(result.stdout)
+    assert report[part] == {"kvpool": False, "what": f"{switch}=off: vLLM keeps its own "
+                            + ("KV-cache manager" if part == "manager" else "request block hasher")}
+    assert report["pool"]["kvpool"]
+    shown = {s["name"]: s for s in report["switches"]}
+    assert shown[switch]["value"] == "off"
+
+
+def test_an_unlisted_release_is_refused(tmp_path):
+    result = run(tmp_path, "0.35.0", KVPOOL_VLLM="auto")
+    assert result.returncode == REFUSED, result
+    out = result.stdout
+    assert "refused: kvpool lists vLLM 0.15.0 to" in out and "not 0.35.0" in out
+    assert f"the {VLLM_LINES[-1].name} line's classes" in out
+    assert "KVPOOL_VLLM='auto': the vLLM plugin installs kvpool where the release is listed" in out
+    assert "install() puts in" not in out
+
+
+def test_the_intake_alias_is_followed(tmp_path):
+    result = run(tmp_path, "0.35.0", "--json", KVPOOL_VLLM_INTAKE="0.35.0=0.33.0")
+    assert result.returncode == OK, result
+    assert json.loads(result.stdout)["line"]["name"] == "0.33"
+    result = run(tmp_path, "0.35.0", KVPOOL_VLLM_INTAKE="0.35.0")
+    assert result.returncode == REFUSED and "expected VERSION=LISTED" in result.stdout
+
+
+def test_vllm_version_option_imports_no_vllm(tmp_path):
+    result = run(tmp_path, None, "--vllm-version", "0.20.1", "--json")
+    assert result.returncode == OK, result
+    report = json.loads(result.stdout)
+    assert report["vllm"] == "0.20.1" and report["line"]["name"] == "0.20"
+    assert report["vllm_path"] is None
