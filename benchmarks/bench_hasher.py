@@ -56,11 +56,20 @@ ALGORITHMS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 DECODE_CALLS = 200
 
 
+try:  # 0.34 keeps a request's tokens in an int32 buffer, which its hasher slices
+    from vllm.v1.token_buffer import TokenBuffer
+except ImportError:
+    TokenBuffer = list
+
+
 def make_request(tokens, lora=None, salt=None, block_hashes=None):
-    """What a block hasher reads of vLLM's ``Request``."""
+    """What a block hasher reads of vLLM's ``Request``: ``all_token_ids``
+    wraps ``_all_token_ids`` (a list; 0.34: a ``TokenBuffer``), as there."""
+    buffer = TokenBuffer(tokens)
     return SimpleNamespace(
         block_hashes=list(block_hashes or []),
-        all_token_ids=ConstantList(tokens),
+        _all_token_ids=buffer,
+        all_token_ids=ConstantList(buffer),
         num_tokens=len(tokens),
         mm_features=[],
         lora_request=lora,
