@@ -39,5 +39,6 @@ class RequestBlockHasher:
         extra_keys: Callable[[Any, int, int], list[Any] | None],
         fallback: Callable[[Any], bytes],
         vllm_hasher: Callable[[Any], list[bytes]],
+        token_buffer_type: type | None = None,
     ) -> None: ...
     def __call__(self, request: Any) -> list[bytes]: ...

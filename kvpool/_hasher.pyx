@@ -18,6 +18,7 @@ values; a mismatch (an interpreter whose pickler differs) turns that
 serialiser off for the process, with a warning.
 """
 
+from cpython.buffer cimport PyBUF_FORMAT, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.list cimport PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.object cimport PyObject
@@ -42,7 +43,7 @@ cdef extern from "_hasher_impl.h":
     int kvh_serialize(kvh_writer *w, int algo, object obj) except -1
     int kvh_serialize_block(kvh_writer *w, int algo, object parent,
                             PyObject **tokens, Py_ssize_t n,
-                            object extra) except -1
+                            object extra, const int *values) except -1
     Py_ssize_t kvh_digest_size(int algo)
     void kvh_digest(int algo, const unsigned char *data, Py_ssize_t length,
                     unsigned char *out)
@@ -199,7 +200,7 @@ def hash_object(obj, algorithm, fallback):
         kvh_writer_free(&w)
 
 
-def hash_blocks(algorithm, object parent, list token_ids, Py_ssize_t block_size,
+def hash_blocks(algorithm, object parent, list token_ids not None, Py_ssize_t block_size,
                 Py_ssize_t num_blocks, list extra_keys, fallback, Py_ssize_t start=0):
     """The chained hashes of ``num_blocks`` blocks of ``block_size`` tokens
     of ``token_ids`` from index ``start``: block ``i`` is
@@ -209,13 +210,15 @@ def hash_blocks(algorithm, object parent, list token_ids, Py_ssize_t block_size,
     or a list with one entry (a tuple or ``None``) per block. A block the C
     serialiser cannot reproduce is hashed by ``fallback(tuple)``, whose
     result continues the chain."""
-    return _hash_blocks(_code(algorithm), parent, token_ids, start, block_size,
-                        num_blocks, extra_keys, fallback)
+    return _hash_blocks(_code(algorithm), parent, token_ids, NULL, PyList_GET_SIZE(token_ids),
+                        start, block_size, num_blocks, extra_keys, fallback)
 
 
-cdef list _hash_blocks(int algo, object parent, list token_ids, Py_ssize_t start,
-                       Py_ssize_t block_size, Py_ssize_t num_blocks, list extra_keys,
-                       object fallback):
+cdef list _hash_blocks(int algo, object parent, object token_ids, const int *values,
+                       Py_ssize_t num_tokens, Py_ssize_t start, Py_ssize_t block_size,
+                       Py_ssize_t num_blocks, list extra_keys, object fallback):
+    # The tokens: ``token_ids``, a list, or (``values`` not NULL) the
+    # ``num_tokens`` C ints of ``token_ids``' buffer, which the caller holds.
     cdef Py_ssize_t i, first, dsize = kvh_digest_size(algo)
     cdef int r, use_c
     cdef PyObject **items
@@ -224,9 +227,9 @@ cdef list _hash_blocks(int algo, object parent, list token_ids, Py_ssize_t start
     cdef object out
     if block_size < 1 or num_blocks < 0 or start < 0:
         raise ValueError("block_size must be >= 1, num_blocks and start >= 0")
-    if PyList_GET_SIZE(token_ids) - start < num_blocks * block_size:
+    if num_tokens - start < num_blocks * block_size:
         raise ValueError(
-            f"token_ids holds {PyList_GET_SIZE(token_ids) - start} tokens from "
+            f"token_ids holds {num_tokens - start} tokens from "
             f"{start}, fewer than {num_blocks} blocks of {block_size}"
         )
     if extra_keys is not None and PyList_GET_SIZE(extra_keys) < num_blocks:
@@ -240,10 +243,14 @@ cdef list _hash_blocks(int algo, object parent, list token_ids, Py_ssize_t start
                 extra = extra_keys[i]
             first = start + i * block_size
             r = KVH_UNSUPPORTED
-            if use_c:
+            if use_c and values != NULL:
+                r = kvh_serialize_block(&w, algo, parent, NULL, block_size, extra,
+                                        values + first)
+            elif use_c:
                 # Fetched per block: a fallback runs Python code.
                 items = PySequence_Fast_ITEMS(token_ids)
-                r = kvh_serialize_block(&w, algo, parent, items + first, block_size, extra)
+                r = kvh_serialize_block(&w, algo, parent, items + first, block_size, extra,
+                                        NULL)
             if r == KVH_OK:
                 out = PyBytes_FromStringAndSize(NULL, dsize)
                 kvh_digest(algo, w.data, w.len,
@@ -271,7 +278,9 @@ cdef class RequestBlockHasher:
     multimodal, prompt embeds) or with lookahead; it returns one extra-key
     entry per new block, or ``None`` to hand the request to
     ``vllm_hasher(request)``. A ``token_list_type`` object (vLLM's read-only
-    ``ConstantList``) is read through its ``_x`` list, without a copy.
+    ``ConstantList``) is read through what it wraps, without a copy: a list,
+    or a ``token_buffer_type`` object (vLLM 0.34's ``TokenBuffer``, an
+    ``array('i')``), whose C ints are serialised straight from its buffer.
     """
 
     cdef readonly int algorithm
@@ -282,9 +291,11 @@ cdef class RequestBlockHasher:
     cdef object extra_keys
     cdef object fallback
     cdef object vllm_hasher
+    cdef object token_buffer_type
 
     def __init__(self, algorithm, Py_ssize_t block_size, Py_ssize_t lookahead,
-                 none_hash_holder, token_list_type, extra_keys, fallback, vllm_hasher):
+                 none_hash_holder, token_list_type, extra_keys, fallback, vllm_hasher,
+                 token_buffer_type=None):
         if block_size < 1 or lookahead < 0:
             raise ValueError("block_size must be >= 1 and lookahead >= 0")
         self.algorithm = _code(algorithm)
@@ -295,6 +306,7 @@ cdef class RequestBlockHasher:
         self.extra_keys = extra_keys
         self.fallback = fallback
         self.vllm_hasher = vllm_hasher
+        self.token_buffer_type = token_buffer_type
 
     @property
     def kvpool(self):
@@ -306,6 +318,8 @@ cdef class RequestBlockHasher:
         cdef Py_ssize_t block_size = self.block_size
         cdef Py_ssize_t num_hashed
         cdef list extra = None
+        cdef Py_buffer view
+        cdef bint buffered
         block_hashes = request.block_hashes
         num_hashed = len(block_hashes)
         start = num_hashed * block_size
@@ -315,8 +329,11 @@ cdef class RequestBlockHasher:
         tokens = request.all_token_ids
         if type(tokens) is self.token_list_type:
             tokens = tokens._x
+        buffered = type(tokens) is self.token_buffer_type and tokens is not None
         if type(tokens) is list:
             num_tokens = PyList_GET_SIZE(tokens) - self.lookahead
+        elif buffered:
+            num_tokens = len(tokens) - self.lookahead
         else:
             num_tokens = request.num_tokens - self.lookahead
         if start + block_size > num_tokens:
@@ -337,8 +354,19 @@ cdef class RequestBlockHasher:
             if keys is None:
                 return self.vllm_hasher(request)
             extra = keys
+        if buffered:
+            # Held while hashing: the buffer cannot be resized under us.
+            PyObject_GetBuffer(tokens, &view, PyBUF_FORMAT)
+            try:
+                if view.itemsize == sizeof(int) and view.format != NULL and (
+                        view.format[0] == b"i" and view.format[1] == 0):
+                    return _hash_blocks(self.algorithm, parent, tokens, <const int *>view.buf,
+                                        view.len // sizeof(int), start, block_size,
+                                        num_blocks, extra, self.fallback)
+            finally:
+                PyBuffer_Release(&view)
         if type(tokens) is not list:
             tokens = list(tokens[start:start + num_blocks * block_size])
             start = 0
-        return _hash_blocks(self.algorithm, parent, tokens, start, block_size,
-                            num_blocks, extra, self.fallback)
+        return _hash_blocks(self.algorithm, parent, tokens, NULL, PyList_GET_SIZE(tokens),
+                            start, block_size, num_blocks, extra, self.fallback)

@@ -195,11 +195,8 @@ static int kvh_memo_put(kvh_writer *w, PyObject *obj) {
     return kvh_pwrite1(w, 0x94); /* MEMOIZE */
 }
 
-static int kvh_pickle_long(kvh_writer *w, PyObject *obj) {
-    int overflow;
-    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-    if (overflow) return KVH_UNSUPPORTED;
-    if (v == -1 && PyErr_Occurred()) return KVH_ERROR;
+/* save_long for a value that fits a long long (the opcodes pickle picks). */
+static int kvh_pickle_int_value(kvh_writer *w, long long v) {
     unsigned char b[11];
     if (v >= -2147483647LL - 1 && v <= 2147483647LL) {
         uint32_t u = (uint32_t)(int32_t)v;
@@ -228,6 +225,14 @@ static int kvh_pickle_long(kvh_writer *w, PyObject *obj) {
     b[0] = 0x8a; /* LONG1 */
     b[1] = (unsigned char)nbytes;
     return kvh_pwrite(w, b, 2 + nbytes);
+}
+
+static int kvh_pickle_long(kvh_writer *w, PyObject *obj) {
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow) return KVH_UNSUPPORTED;
+    if (v == -1 && PyErr_Occurred()) return KVH_ERROR;
+    return kvh_pickle_int_value(w, v);
 }
 
 static int kvh_pickle_sized(kvh_writer *w, unsigned char op1, unsigned char op4,
@@ -271,14 +276,15 @@ static inline int kvh_compact_int(PyObject *obj, long long *v) {
  * BININT* opcode, written in place while the current frame is open, below
  * its 64 KiB boundary, and the buffer has room (the caller reserved it).
  * Returns 0 when it wrote nothing: the item then takes kvh_pickle_save. */
-static int kvh_pickle_small_int(kvh_writer *w, PyObject *obj) {
-    long long v;
-    if (!PyLong_CheckExact(obj) || w->frame_start == -1 || !w->framing ||
-        w->cap - w->len < 5 ||
-        w->len - w->frame_start - KVH_FRAME_HEADER >= KVH_FRAME_TARGET ||
-        !kvh_compact_int(obj, &v))
-        return 0;
-    uint32_t u = (uint32_t)(int32_t)v;
+static inline int kvh_pickle_in_place(kvh_writer *w) {
+    return w->frame_start != -1 && w->framing && w->cap - w->len >= 5 &&
+           w->len - w->frame_start - KVH_FRAME_HEADER < KVH_FRAME_TARGET;
+}
+
+/* BININT1 / BININT2 / BININT of v (|v| < 2**31), written in place: the
+ * caller checked kvh_pickle_in_place. */
+static inline void kvh_pickle_int32_in_place(kvh_writer *w, int32_t v) {
+    uint32_t u = (uint32_t)v;
     unsigned char *p = w->data + w->len;
     if (u <= 0xff) {
         p[0] = 'K';
@@ -294,17 +300,35 @@ static int kvh_pickle_small_int(kvh_writer *w, PyObject *obj) {
         kvh_put_le(p + 1, u, 4);
         w->len += 5;
     }
+}
+
+static int kvh_pickle_small_int(kvh_writer *w, PyObject *obj) {
+    long long v;
+    if (!PyLong_CheckExact(obj) || !kvh_pickle_in_place(w) || !kvh_compact_int(obj, &v))
+        return 0;
+    kvh_pickle_int32_in_place(w, (int32_t)v);
     return 1;
 }
 
+/* The items of a tuple: n objects, or (items NULL) n int32 values, as
+ * pickle saves a tuple of those ints. */
 static int kvh_pickle_items(kvh_writer *w, PyObject *const *items, Py_ssize_t n,
-                            PyObject *self) {
+                            PyObject *self, const int32_t *values) {
     Py_ssize_t i;
     int r;
     if (n == 0) return kvh_pwrite1(w, ')'); /* EMPTY_TUPLE, not memoised */
     if (n > 3 && (r = kvh_pwrite1(w, '(')) != KVH_OK) return r; /* MARK */
     if (n <= 1 << 20 && kvh_reserve(w, 5 * n + 16) < 0) return KVH_ERROR;
     for (i = 0; i < n; i++) {
+        if (items == NULL) {
+            if (kvh_pickle_in_place(w)) {
+                kvh_pickle_int32_in_place(w, values[i]);
+                continue;
+            }
+            kvh_opcode_boundary(w); /* save(int) */
+            if ((r = kvh_pickle_int_value(w, values[i])) != KVH_OK) return r;
+            continue;
+        }
         if (kvh_pickle_small_int(w, items[i])) continue;
         if ((r = kvh_pickle_save(w, items[i])) != KVH_OK) return r;
     }
@@ -345,7 +369,7 @@ static int kvh_pickle_save(kvh_writer *w, PyObject *obj) {
         return r != KVH_OK ? r : kvh_memo_put(w, obj);
     }
     if (++w->depth > KVH_MAX_DEPTH) return KVH_UNSUPPORTED;
-    r = kvh_pickle_items(w, &PyTuple_GET_ITEM(obj, 0), PyTuple_GET_SIZE(obj), obj);
+    r = kvh_pickle_items(w, &PyTuple_GET_ITEM(obj, 0), PyTuple_GET_SIZE(obj), obj, NULL);
     w->depth--;
     return r;
 }
@@ -406,16 +430,25 @@ static int kvh_cbor_raw(kvh_writer *w, const char *data, Py_ssize_t n) {
 
 static int kvh_cbor_save(kvh_writer *w, PyObject *obj);
 
-static int kvh_cbor_items(kvh_writer *w, PyObject *const *items, Py_ssize_t n) {
+/* An array of n objects, or (items NULL) of n int32 values. */
+static int kvh_cbor_items(kvh_writer *w, PyObject *const *items, Py_ssize_t n,
+                          const int32_t *values) {
     Py_ssize_t i;
     int r;
     if ((r = kvh_cbor_head(w, 4, (uint64_t)n)) != KVH_OK) return r;
     if (n <= 1 << 20 && kvh_reserve(w, 5 * n) < 0) return KVH_ERROR;
     for (i = 0; i < n; i++) {
-        PyObject *obj = items[i];
+        PyObject *obj = items ? items[i] : NULL;
         /* fast path: a non-negative int below 2**32 with room reserved */
-        long long v;
-        if (PyLong_CheckExact(obj) && w->cap - w->len >= 5 && kvh_compact_int(obj, &v)) {
+        long long v = items ? 0 : values[i];
+        if (items == NULL && w->cap - w->len < 5) {
+            if ((r = v >= 0 ? kvh_cbor_head(w, 0, (uint64_t)v)
+                            : kvh_cbor_head(w, 1, (uint64_t)(-(v + 1)))) != KVH_OK)
+                return r;
+            continue;
+        }
+        if (items == NULL || (PyLong_CheckExact(obj) && w->cap - w->len >= 5 &&
+                              kvh_compact_int(obj, &v))) {
             if (v >= 0) {
                 unsigned char *p = w->data + w->len;
                 if (v < 24) {
@@ -434,6 +467,10 @@ static int kvh_cbor_items(kvh_writer *w, PyObject *const *items, Py_ssize_t n) {
                     kvh_put_be(p + 1, (uint64_t)v, 4);
                     w->len += 5;
                 }
+                continue;
+            }
+            if (items == NULL) {
+                if ((r = kvh_cbor_head(w, 1, (uint64_t)(-(v + 1)))) != KVH_OK) return r;
                 continue;
             }
         }
@@ -473,7 +510,7 @@ static int kvh_cbor_save(kvh_writer *w, PyObject *obj) {
     }
     if (type == &PyTuple_Type) {
         if (++w->depth > KVH_MAX_DEPTH) return KVH_UNSUPPORTED;
-        r = kvh_cbor_items(w, &PyTuple_GET_ITEM(obj, 0), PyTuple_GET_SIZE(obj));
+        r = kvh_cbor_items(w, &PyTuple_GET_ITEM(obj, 0), PyTuple_GET_SIZE(obj), NULL);
         w->depth--;
         return r;
     }
@@ -495,17 +532,18 @@ static int kvh_serialize(kvh_writer *w, int algo, PyObject *obj) {
 }
 
 /* The bytes of the block tuple (parent, tuple(tokens), extra) without
- * building it: tokens are n items of a list. */
+ * building it: tokens are n items of a list, or (tokens NULL) n int32
+ * values of a buffer (vLLM 0.34's TokenBuffer). */
 static int kvh_serialize_block(kvh_writer *w, int algo, PyObject *parent,
                                PyObject *const *tokens, Py_ssize_t n,
-                               PyObject *extra) {
+                               PyObject *extra, const int32_t *values) {
     int r;
     if (algo & KVH_SER_CBOR) {
         kvh_writer_reset(w);
         if ((r = kvh_cbor_head(w, 4, 3)) != KVH_OK) return r;
         if ((r = kvh_cbor_save(w, parent)) != KVH_OK) return r;
         w->depth = 1;
-        if ((r = kvh_cbor_items(w, tokens, n)) != KVH_OK) return r;
+        if ((r = kvh_cbor_items(w, tokens, n, values)) != KVH_OK) return r;
         w->depth = 0;
         return kvh_cbor_save(w, extra);
     }
@@ -514,7 +552,7 @@ static int kvh_serialize_block(kvh_writer *w, int algo, PyObject *parent,
     if ((r = kvh_pickle_save(w, parent)) != KVH_OK) return r;
     kvh_opcode_boundary(w); /* save(token tuple) */
     w->depth = 1;
-    if ((r = kvh_pickle_items(w, tokens, n, NULL)) != KVH_OK) return r;
+    if ((r = kvh_pickle_items(w, tokens, n, NULL, values)) != KVH_OK) return r;
     w->depth = 0;
     if ((r = kvh_pickle_save(w, extra)) != KVH_OK) return r;
     if ((r = kvh_pwrite1(w, 0x87)) != KVH_OK) return r; /* TUPLE3 */

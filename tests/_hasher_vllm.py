@@ -318,7 +318,7 @@ class _PlantedHasherModule:
         self.fault = fault
 
     def RequestBlockHasher(self, algorithm, block_size, lookahead, holder,
-                           token_list_type, extra_keys, fallback, vllm_hasher):
+                           token_list_type, extra_keys, fallback, vllm_hasher, *rest):
         fault = self.fault
         if fault in ("salt_dropped", "neighbour_lora_key"):
             def planted_keys(request, start, num_blocks, _keys=extra_keys):
@@ -334,7 +334,8 @@ class _PlantedHasherModule:
         elif fault == "lookahead_off_by_one":
             lookahead += 1
         return self.real.RequestBlockHasher(algorithm, block_size, lookahead, holder,
-                                            token_list_type, extra_keys, fallback, vllm_hasher)
+                                            token_list_type, extra_keys, fallback, vllm_hasher,
+                                            *rest)
 
 
 #: A planted fault -> the kind of request that must reveal it.

@@ -311,6 +311,65 @@ def test_fallback_only_for_blocks_it_cannot_write(chasher):
     assert len(calls) == 1 and calls[0][1] == (2**70, 6, 7, 8)
 
 
+class TokenBuffer(__import__("array").array):
+    """vLLM 0.34's ``TokenBuffer`` as the hasher sees it: an ``array('i')``
+    whose slices are lists."""
+
+    def __new__(cls, tokens=()):
+        return super().__new__(cls, "i", tokens)
+
+    def __getitem__(self, index):
+        item = super().__getitem__(index)
+        return item.tolist() if isinstance(index, slice) else item
+
+
+class ConstantList:
+    """vLLM's read-only wrapper: the hasher reads its ``_x``."""
+
+    def __init__(self, x):
+        self._x = x
+
+
+def _request(tokens, hashed=()):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(block_hashes=list(hashed), all_token_ids=ConstantList(tokens),
+                           num_tokens=len(tokens), lora_request=None, cache_salt=None,
+                           mm_features=None, prompt_embeds=None)
+
+
+@C_EXT_MARK
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("block_size", [1, 3, 16, 20_000])
+def test_token_buffer_is_hashed_from_its_ints(chasher, algorithm, block_size):
+    """0.34's int32 token buffer: serialised straight from its C ints, the
+    bytes pickle / cbor2 give for the tuple of its values (every int32
+    width, negatives, a block past pickle's 64 KiB frame), in the same chain
+    as the list path; a hashed prefix is continued; vLLM's hash function is
+    never called."""
+    import random
+
+    rng = random.Random(block_size)
+    widths = [lambda: rng.randrange(256), lambda: rng.randrange(65_536),
+              lambda: rng.randrange(2**31), lambda: -rng.randrange(1, 2**31 + 1)]
+    values = [rng.choice(widths)() for _ in range(3 * block_size + block_size // 2 + 1)]
+
+    def never(obj):
+        raise AssertionError(f"vLLM's hash function was called for {obj!r:.80}")
+
+    holder = type("KvCacheUtils", (), {"NONE_HASH": b"n" * 32})
+    hasher = chasher.RequestBlockHasher(algorithm, block_size, 0, holder, ConstantList,
+                                        None, never, never, TokenBuffer)
+    want = reference_chain(values, block_size, algorithm, b"n" * 32)
+    got = hasher(_request(TokenBuffer(values)))
+    assert got == want
+    assert hasher(_request(TokenBuffer(values), want[:1])) == want[1:]
+    # The same hasher without the buffer type copies the tokens to a list first.
+    plain = chasher.RequestBlockHasher(algorithm, block_size, 0, holder, ConstantList,
+                                       None, never, never)
+    assert plain(_request(TokenBuffer(values))) == want
+
+
 def test_bad_arguments(implementation):
     with pytest.raises(ValueError):
         hashing.hash_request_tokens([1, 2], 1, algorithm="md5")

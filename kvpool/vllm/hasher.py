@@ -150,6 +150,10 @@ def get_request_block_hasher(
         from vllm.v1.utils import ConstantList as token_list_type
     except ImportError:
         token_list_type = None
+    try:  # 0.34: a request's tokens are an int32 TokenBuffer (an array('i'))
+        from vllm.v1.token_buffer import TokenBuffer as token_buffer_type
+    except ImportError:
+        token_buffer_type = None
     return hasher.RequestBlockHasher(
         algorithm,
         hash_block_size,
@@ -159,6 +163,7 @@ def get_request_block_hasher(
         extra_keys,
         caching_hash_fn,
         original(hash_block_size, caching_hash_fn, *extra_args),
+        token_buffer_type,
     )
 
 
