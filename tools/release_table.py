@@ -65,7 +65,9 @@ TESTED: tuple[Tested, ...] = (
         "`tests/vllm_release`: kvpool's line, over both cores, against the release's own "
         "`BlockPool` on seeded random operation sequences over every method the release "
         "has, compared after every step (ids, block fields, queue order, map, event bytes, "
-        "metrics); deliberately broken pools must be caught",
+        "metrics); deliberately broken pools must be caught; kvpool's request block hasher "
+        "against the release's own (every algorithm and kind of extra key; planted faults "
+        "must be caught); `install()` and `python -m kvpool.vllm` on the release",
         ".ci/vllm-release-tests.sh",
         "all",
         "all",
