@@ -109,3 +109,50 @@ def test_vllm_version_option_imports_no_vllm(tmp_path):
     report = json.loads(result.stdout)
     assert report["vllm"] == "0.20.1" and report["line"]["name"] == "0.20"
     assert report["vllm_path"] is None
+
+
+# The package's layering: each module loads only the ones below it, so no
+# import runs in a circle (kvpool.vllm.releases: none; the intake loads it
+# on its own).
+LAYERS = {
+    "kvpool.vllm.releases": set(),
+    "kvpool.vllm.events": set(),
+    "kvpool.vllm._rebind": set(),
+    "kvpool.vllm.manager": {"kvpool.vllm._rebind"},
+    "kvpool.vllm.hasher": {"kvpool.vllm._rebind", "kvpool.vllm.releases"},
+    "kvpool.vllm.installer": {"kvpool.vllm._rebind", "kvpool.vllm.releases",
+                              "kvpool.vllm.hasher", "kvpool.vllm.manager"},
+}
+
+
+@pytest.mark.parametrize("module", sorted(LAYERS))
+def test_each_module_loads_only_the_layers_below(module):
+    code = (
+        "import importlib, sys, types\n"
+        # An empty kvpool.vllm package object: its __init__ would load all.
+        "import kvpool\n"
+        "pkg = types.ModuleType('kvpool.vllm'); pkg.__path__ = [kvpool.__path__[0] + '/vllm']\n"
+        "sys.modules['kvpool.vllm'] = pkg\n"
+        f"importlib.import_module({module!r})\n"
+        "print(sorted(m for m in sys.modules if m.startswith('kvpool.vllm.')))\n"
+        "print('vllm' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split("\n")
+    assert set(eval(out[0])) - {module} == LAYERS[module]  # noqa: S307  (our own output)
+    assert out[1] == "False", "importing it imported vLLM"
+
+
+def test_the_old_hasher_path_is_the_new_module(tmp_path):
+    """``kvpool.vllm_hasher`` (named in earlier docs) still imports, warns,
+    and is ``kvpool.vllm.hasher`` itself."""
+    code = ("import warnings; warnings.simplefilter('error')\n"
+            "try:\n    import kvpool.vllm_hasher\nexcept DeprecationWarning as w:\n"
+            "    print('warned:', w)\n"
+            "warnings.simplefilter('ignore')\n"
+            "import kvpool.vllm_hasher as old, kvpool.vllm.hasher as new\n"
+            "print(old is new, old.install_hasher is new.install_hasher)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=tmp_path).stdout
+    assert "warned: kvpool.vllm_hasher is kvpool.vllm.hasher now" in out
+    assert out.strip().endswith("True True")
