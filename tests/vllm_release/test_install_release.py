@@ -84,3 +84,24 @@ def test_python_m_kvpool_vllm_says_listed(tmp_path):
     said = json.loads(result.stdout)
     assert said["vllm"] == vllm.__version__ and said["vllm_path"]
     assert said["line"]["name"] == kv_vllm.vllm_line().name
+
+
+def test_python_m_kvpool_vllm_refuses_an_unlisted_release(tmp_path):
+    """The same command on this vLLM made unlisted (the engine tests'
+    ``sitecustomize`` takes the release out of the registry at start-up, as
+    for one published after kvpool): exit 2, the release named, nothing
+    installed."""
+    import os
+    from pathlib import Path
+
+    unlisted = Path(__file__).resolve().parent.parent / "engine" / "unlisted_release"
+    env = dict(os.environ, KVPOOL_ENGINE_UNLISTED=vllm.__version__,
+               PYTHONPATH=os.pathsep.join([str(unlisted), os.environ.get("PYTHONPATH", "")]))
+    env.pop("KVPOOL_VLLM_INTAKE", None)
+    result = subprocess.run([sys.executable, "-m", "kvpool.vllm", "--json"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 2, (result.stdout, result.stderr[-2000:])
+    said = json.loads(result.stdout)
+    assert said["status"] == "refused" and said["vllm"] == vllm.__version__
+    assert f"found vLLM {vllm.__version__}" in said["refused"]
+    assert said["pool"] is None and said["manager"] is None and said["hasher"] is None
