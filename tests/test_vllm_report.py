@@ -156,3 +156,18 @@ def test_the_old_hasher_path_is_the_new_module(tmp_path):
                          check=True, cwd=tmp_path).stdout
     assert "warned: kvpool.vllm_hasher is kvpool.vllm.hasher now" in out
     assert out.strip().endswith("True True")
+
+
+def test_the_refusal_is_named_where_users_import_it():
+    """A traceback names ``kvpool.vllm.UnsupportedVLLMVersionError``, the
+    name users catch (the engine tests read it from vLLM's stderr)."""
+    import pickle
+    import traceback
+
+    from kvpool.vllm import UnsupportedVLLMVersionError, vllm_line
+
+    with pytest.raises(UnsupportedVLLMVersionError) as caught:
+        vllm_line("0.99.0")
+    shown = traceback.format_exception_only(caught.value)[0]
+    assert shown.startswith("kvpool.vllm.UnsupportedVLLMVersionError: "), shown
+    assert type(pickle.loads(pickle.dumps(caught.value))) is UnsupportedVLLMVersionError

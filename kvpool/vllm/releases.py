@@ -143,6 +143,9 @@ SUPPORTED_VLLM = (0, 15)
 class UnsupportedVLLMVersionError(RuntimeError):
     """The installed vLLM is not a release kvpool's pool was built against."""
 
+    # Named, in tracebacks and pickles, where users import it from.
+    __module__ = "kvpool.vllm"
+
 
 def vllm_version() -> str:
     """The version string of the importable vLLM (imports ``vllm``).
