@@ -430,51 +430,59 @@ static int kvh_cbor_raw(kvh_writer *w, const char *data, Py_ssize_t n) {
 
 static int kvh_cbor_save(kvh_writer *w, PyObject *obj);
 
+/* A non-negative int below 2**32, written in place (the caller made room
+ * for 5 bytes). */
+static inline void kvh_cbor_uint32_in_place(kvh_writer *w, uint32_t v) {
+    unsigned char *p = w->data + w->len;
+    if (v < 24) {
+        p[0] = (unsigned char)v;
+        w->len += 1;
+    } else if (v <= 0xff) {
+        p[0] = 24;
+        p[1] = (unsigned char)v;
+        w->len += 2;
+    } else if (v <= 0xffff) {
+        p[0] = 25;
+        kvh_put_be(p + 1, (uint64_t)v, 2);
+        w->len += 3;
+    } else {
+        p[0] = 26;
+        kvh_put_be(p + 1, (uint64_t)v, 4);
+        w->len += 5;
+    }
+}
+
+/* An int that fits a long long, as cbor2 writes it. */
+static int kvh_cbor_int_value(kvh_writer *w, long long v) {
+    if (v >= 0) return kvh_cbor_head(w, 0, (uint64_t)v);
+    return kvh_cbor_head(w, 1, (uint64_t)(-(v + 1)));
+}
+
 /* An array of n objects, or (items NULL) of n int32 values. */
 static int kvh_cbor_items(kvh_writer *w, PyObject *const *items, Py_ssize_t n,
                           const int32_t *values) {
     Py_ssize_t i;
     int r;
+    long long v;
     if ((r = kvh_cbor_head(w, 4, (uint64_t)n)) != KVH_OK) return r;
     if (n <= 1 << 20 && kvh_reserve(w, 5 * n) < 0) return KVH_ERROR;
     for (i = 0; i < n; i++) {
-        PyObject *obj = items ? items[i] : NULL;
-        /* fast path: a non-negative int below 2**32 with room reserved */
-        long long v = items ? 0 : values[i];
-        if (items == NULL && w->cap - w->len < 5) {
-            if ((r = v >= 0 ? kvh_cbor_head(w, 0, (uint64_t)v)
-                            : kvh_cbor_head(w, 1, (uint64_t)(-(v + 1)))) != KVH_OK)
-                return r;
+        if (items == NULL) {
+            v = values[i];
+            if (v >= 0 && w->cap - w->len >= 5) {
+                kvh_cbor_uint32_in_place(w, (uint32_t)v);
+                continue;
+            }
+            if ((r = kvh_cbor_int_value(w, v)) != KVH_OK) return r;
             continue;
         }
-        if (items == NULL || (PyLong_CheckExact(obj) && w->cap - w->len >= 5 &&
-                              kvh_compact_int(obj, &v))) {
-            if (v >= 0) {
-                unsigned char *p = w->data + w->len;
-                if (v < 24) {
-                    p[0] = (unsigned char)v;
-                    w->len += 1;
-                } else if (v <= 0xff) {
-                    p[0] = 24;
-                    p[1] = (unsigned char)v;
-                    w->len += 2;
-                } else if (v <= 0xffff) {
-                    p[0] = 25;
-                    kvh_put_be(p + 1, (uint64_t)v, 2);
-                    w->len += 3;
-                } else {
-                    p[0] = 26;
-                    kvh_put_be(p + 1, (uint64_t)v, 4);
-                    w->len += 5;
-                }
-                continue;
-            }
-            if (items == NULL) {
-                if ((r = kvh_cbor_head(w, 1, (uint64_t)(-(v + 1)))) != KVH_OK) return r;
-                continue;
-            }
+        /* fast path: a non-negative int below 2**30 with room reserved */
+        if (PyLong_CheckExact(items[i]) && w->cap - w->len >= 5 &&
+            kvh_compact_int(items[i], &v) && v >= 0) {
+            kvh_cbor_uint32_in_place(w, (uint32_t)v);
+            continue;
         }
-        if ((r = kvh_cbor_save(w, obj)) != KVH_OK) return r;
+        if ((r = kvh_cbor_save(w, items[i])) != KVH_OK) return r;
     }
     return KVH_OK;
 }
@@ -490,8 +498,7 @@ static int kvh_cbor_save(kvh_writer *w, PyObject *obj) {
         long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
         if (overflow) return KVH_UNSUPPORTED; /* cbor2 may use a bignum tag */
         if (v == -1 && PyErr_Occurred()) return KVH_ERROR;
-        if (v >= 0) return kvh_cbor_head(w, 0, (uint64_t)v);
-        return kvh_cbor_head(w, 1, (uint64_t)(-(v + 1)));
+        return kvh_cbor_int_value(w, v);
     }
     if (type == &PyBytes_Type) {
         Py_ssize_t n = PyBytes_GET_SIZE(obj);
