@@ -20,8 +20,8 @@ import sys
 from typing import Any
 
 from . import hasher as _hasher
+from . import installer, releases
 from . import manager as _manager
-from . import releases
 
 #: Exit status: listed, no vLLM, refused.
 OK, NO_VLLM, REFUSED = 0, 1, 2
@@ -58,22 +58,22 @@ _SWITCHES = (
     }),
 )
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
 
 
 def _switch(name: str, meanings: dict[str, str]) -> dict[str, Any]:
     raw = os.environ.get(name)
     value = (raw or "").strip().lower()
     if name == releases.ENV_VAR:
-        key = "1" if value in _TRUE else value if value in ("auto", "force") else (
+        key = "1" if value in installer.ON else value if value in ("auto", "force") else (
             "" if raw is None else "0")
     elif name == "KVPOOL_NO_EXTENSIONS":
         key = "1" if raw else ""
     elif name == releases.INTAKE_VAR:
         key = "1" if value else ""
+    elif name == _manager.ENV_VAR:
+        key = "" if _manager.manager_enabled() else "0"
     else:
-        key = "0" if value in _FALSE else ""
+        key = "" if _hasher.hasher_enabled() else "0"
     meaning = meanings[key]
     if raw is not None and key == "" and name != releases.INTAKE_VAR:
         meaning = f"not an off value, so: {meaning}"

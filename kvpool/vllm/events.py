@@ -13,26 +13,22 @@ from __future__ import annotations
 
 __all__ = ["with_vllm_events"]
 
-_classes: dict[type, type] = {}
-
 
 def with_vllm_events(base: type) -> type:
-    """A subclass of the kvpool pool class ``base`` whose events are
-    ``vllm.distributed.kv_events``' classes (one per ``base``, made once).
-    A line's facade reads its event classes from the class attributes
-    ``_BlockStored``, ``_BlockRemoved`` and ``_AllBlocksCleared``, which the
-    subclass sets to vLLM's; it keeps ``base``'s name, module and doc."""
-    cls = _classes.get(base)
-    if cls is None:
-        from vllm.distributed import kv_events
+    """A new subclass of the kvpool pool class ``base`` whose events are
+    ``vllm.distributed.kv_events``' classes (``VLLMLine.block_pool`` makes
+    one per line and core, and keeps it). A line's facade reads its event
+    classes from the class attributes ``_BlockStored``, ``_BlockRemoved``
+    and ``_AllBlocksCleared``, which the subclass sets to vLLM's; it keeps
+    ``base``'s name, module and doc."""
+    from vllm.distributed import kv_events
 
-        class BlockPool(base):  # type: ignore[misc, valid-type]
-            __doc__ = base.__doc__
-            _BlockStored = kv_events.BlockStored
-            _BlockRemoved = kv_events.BlockRemoved
-            _AllBlocksCleared = kv_events.AllBlocksCleared
+    class BlockPool(base):  # type: ignore[misc, valid-type]
+        __doc__ = base.__doc__
+        _BlockStored = kv_events.BlockStored
+        _BlockRemoved = kv_events.BlockRemoved
+        _AllBlocksCleared = kv_events.AllBlocksCleared
 
-        BlockPool.__module__ = base.__module__
-        BlockPool.__qualname__ = "BlockPool"
-        cls = _classes[base] = BlockPool
-    return cls
+    BlockPool.__module__ = base.__module__
+    BlockPool.__qualname__ = "BlockPool"
+    return BlockPool

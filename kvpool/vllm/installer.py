@@ -30,6 +30,9 @@ from .releases import ENV_VAR, UnsupportedVLLMVersionError, vllm_line, vllm_vers
 
 __all__ = ["enabled", "install", "is_installed", "plugin", "uninstall"]
 
+#: The values of ``KVPOOL_VLLM`` (lower-cased) that mean ``install()``.
+ON = ("1", "true", "yes", "on")
+
 logger = logging.getLogger("kvpool.vllm")
 
 
@@ -183,7 +186,7 @@ def plugin() -> None:
     value = os.environ.get(ENV_VAR, "").strip().lower()
     if value == "force":
         install(force=True)
-    elif value in ("1", "true", "yes", "on"):
+    elif value in ON:
         install()
     elif value == "auto":
         _install_if_listed()
