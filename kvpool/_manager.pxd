@@ -70,6 +70,7 @@ cdef class ManagerPlan:
     # How the calls went, for tests and benchmarks (``ManagerPlan.counts``).
     cdef Py_ssize_t n_fast        # allocate_slots done here, adopting nothing
     cdef Py_ssize_t n_adopt       # ... adopting a prefix-cache hit
+    cdef Py_ssize_t n_external    # ... adopting a connector's external tokens (and any hit)
     cdef Py_ssize_t n_base        # allocate_slots handed to vLLM's method
     cdef Py_ssize_t n_cache_calls # coordinator.cache_blocks called from here
     cdef Py_ssize_t n_cache_direct  # pool.cache_full_blocks called from here
@@ -80,3 +81,4 @@ cdef class ManagerPlan:
     cdef bint lookup_direct       # get_computed_blocks in C (see plan_for)
     cdef bint common_direct       # get_num_common_prefix_blocks in C (0.30, 0.31)
     cdef Py_ssize_t lookup_block_size
+    cdef bint drop_eagle          # the direct lookup drops its last hit block (EAGLE / MTP)

@@ -18,9 +18,10 @@ other case to vLLM's own code. Why this shape:
   ``KVCacheManager`` whose hot methods are the functions below
   (docs/manager.md lists them and when each hands a call to vLLM).
 * Exact by construction: a call is decided before anything changes. If any
-  input is outside the case handled here (external tokens, a partial-block
-  prefix hit, a partial-hit copy-on-write pending, a non-int argument, ...)
-  the whole call goes to vLLM's method unchanged. Inside the case, the
+  input is outside the case handled here (a partial-block prefix hit, a
+  partial-hit copy-on-write pending, a connector's external tokens for a
+  request that already holds blocks, a non-int argument, ...) the whole
+  call goes to vLLM's method unchanged. Inside the case, the
   rare steps with real work -- blocks leaving the window, new blocks filling
   up -- call the same vLLM methods vLLM's own path would, with the same
   arguments, in the same order; only the do-nothing steps and the
@@ -111,10 +112,11 @@ cdef class ManagerPlan:
 
     @property
     def counts(self):
-        """``{"fast": ..., "adopt": ..., "base": ..., "cache_calls": ...,
-        "cache_direct": ..., "cache_skips": ...}``: ``allocate_slots`` calls
-        done in C (adopting no computed blocks, or adopting a prefix-cache
-        hit) and handed to vLLM's method; caching steps (of both entry points) that called the
+        """``{"fast": ..., "adopt": ..., "external": ..., "base": ...,
+        "cache_calls": ..., "cache_direct": ..., "cache_skips": ...}``:
+        ``allocate_slots`` calls done in C (adopting no computed blocks,
+        adopting a prefix-cache hit, adopting a KV connector's external
+        tokens) and handed to vLLM's method; caching steps (of both entry points) that called the
         coordinator, called the pool's ``cache_full_blocks`` from here, or
         found nothing to cache; prefix-cache lookups and common-prefix counts
         (0.30, 0.31) done here; ``BlockStored`` events of plain requests
@@ -122,6 +124,7 @@ cdef class ManagerPlan:
         return {
             "fast": self.n_fast,
             "adopt": self.n_adopt,
+            "external": self.n_external,
             "base": self.n_base,
             "cache_calls": self.n_cache_calls,
             "cache_direct": self.n_cache_direct,
@@ -142,15 +145,23 @@ cdef class ManagerPlan:
 def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls, base_single,
              coordinator_classes, unitary_cls, hybrid_cls, bint cap_at_hashed, bint trims_null_head,
              bint has_prefill_end, bint zero_chunk_adopts, str cap_attr, pool_cache_full_blocks,
-             pool_new_blocks_with_hooks, pool_event_extra_keys=None, common_prefix_blocks=None):
+             pool_new_blocks_with_hooks, pool_event_extra_keys=None, common_prefix_blocks=None,
+             str eagle_drop_attr="drop_eagle_group_ids"):
     """``(plan, None)`` if ``manager`` (a vLLM ``KVCacheManager``, built) is in
     the scope of these paths, else ``(None, reason)``.
 
     The scope: every group a ``FullAttentionManager`` or
     ``SlidingWindowManager`` (exactly those classes) over the one pool, a
-    coordinator of one of ``coordinator_classes`` (exactly), no EAGLE /
-    multi-token prediction, no groups that retain longer hits, no context
-    parallelism. The line's differences: ``cap_at_hashed`` (0.33: a group
+    coordinator of one of ``coordinator_classes`` (exactly), no groups that
+    retain longer hits, no context parallelism. EAGLE / MTP (``use_eagle``,
+    lookahead and draft tokens, re-prefillable tokens) is in the scope: of
+    the paths done here only the direct prefix-cache lookup differs, by the
+    last hit block it drops for a group of the coordinator's
+    ``eagle_drop_attr`` set (0.33 on: ``drop_eagle_group_ids``, empty when
+    lookahead hashes prove the boundary; 0.30-0.32: ``eagle_group_ids``);
+    every other EAGLE difference is in code these paths hand to vLLM
+    (sliding-window and hybrid lookups, sliding-window and Mamba block
+    masks, the hybrid coordinator's cacheable tokens). The line's differences: ``cap_at_hashed`` (0.33: a group
     caches no further than the request's hashed tokens); ``trims_null_head``
     (0.33: ``free`` drops a table's leading null blocks); ``has_prefill_end``
     (0.31 on: the coordinator's ``get_num_blocks_to_allocate`` takes it);
@@ -174,8 +185,6 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     coordinator = manager.coordinator
     if type(coordinator) not in coordinator_classes:
         return None, f"coordinator {type(coordinator).__name__}"
-    if manager.use_eagle or getattr(coordinator, "eagle_group_ids", None):
-        return None, "EAGLE / multi-token prediction"
     if getattr(manager, "retained_hit_group_ids", ()):
         return None, "groups that retain longer hits"
     pool = coordinator.block_pool
@@ -270,6 +279,8 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
         and type(g.mgr).find_longest_cache_hit.__func__ is full_cls.find_longest_cache_hit.__func__
     )
     p.lookup_block_size = g.block_size if g is not None else 1
+    # vLLM's unitary coordinator: drop_eagle_block=0 in <that set>.
+    p.drop_eagle = 0 in getattr(coordinator, eagle_drop_attr)
     p.common_direct = (
         common_prefix_blocks is not None
         and getattr(type(coordinator), "get_num_common_prefix_blocks", None) is common_prefix_blocks
@@ -641,19 +652,37 @@ cdef object _to_adopt(ManagerPlan p, object rid, object new_computed_blocks,
     return blocks
 
 
-cdef int _adopt(ManagerPlan p, object rid, object blocks, Py_ssize_t num_local_computed) except -1:
-    # The coordinator's allocate_new_computed_blocks without external
-    # tokens: each group's add_local_computed_blocks (the checks of
-    # _to_adopt passed: no blocks yet, no partial hit).
+cdef bint _takes_external(ManagerPlan p, object rid) except -1:
+    # External tokens are adopted here only by a request that has no blocks
+    # and is not running in any group (vLLM's coordinator skips a running
+    # one; it asserts an empty table): anything else goes to vLLM's code.
     cdef _Group g
-    cdef Py_ssize_t i, skipped
+    cdef PyObject *have
+    for g in p.groups:
+        if PyDict_Contains(g.ncb, rid):
+            return False
+        have = PyDict_GetItemWithError(g.rtb, rid)
+        if have != NULL and len(<object> have) != 0:
+            return False
+    return True
+
+
+cdef int _adopt(ManagerPlan p, object rid, object blocks, Py_ssize_t num_local_computed,
+                Py_ssize_t ext, object skip_zeroing) except -1:
+    # The coordinator's allocate_new_computed_blocks: each group's
+    # add_local_computed_blocks (the checks of _to_adopt passed: no blocks
+    # yet, no partial hit; ``blocks`` None: no local ones), then with
+    # external tokens each group's allocate_external_computed_blocks -- two
+    # passes, so that no group's new blocks evict another's hits.
+    cdef _Group g
+    cdef Py_ssize_t i, skipped, total = num_local_computed + ext, n, kept
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
         req_blocks = _req_blocks(g, rid)
-        new = blocks[i]
+        new = blocks[i] if blocks is not None else []
         skipped = 0
-        if g.sliding and num_local_computed - g.skip_off > 0:
-            skipped = _floordiv(num_local_computed - g.skip_off, g.block_size)
+        if g.sliding and total - g.skip_off > 0:
+            skipped = _floordiv(total - g.skip_off, g.block_size)
         if skipped > 0:
             new = new[skipped:]
         if g.caching:
@@ -662,6 +691,24 @@ cdef int _adopt(ManagerPlan p, object rid, object blocks, Py_ssize_t num_local_c
             req_blocks.extend([p.null_block] * skipped)
         req_blocks.extend(new)
         g.ncb[rid] = len(req_blocks)
+    if ext <= 0:
+        return 0
+    for i in range(p.ngroups):
+        g = <_Group> p.groups[i]
+        # Of the external tokens, those the window has not skipped.
+        kept = ext
+        if g.sliding and total - g.skip_off > 0:
+            kept = g.skip_off if g.skip_off < ext else ext
+        if kept <= 0:
+            continue
+        req_blocks = _req_blocks(g, rid)
+        n = _cdiv(total, g.block_size) - len(req_blocks)
+        if n <= 0:
+            continue
+        new = _new_blocks(p, n)
+        req_blocks.extend(new)
+        if g.record_ids and (skip_zeroing is None or g.group_id not in skip_zeroing):
+            g.mgr.new_block_ids.extend([b.block_id for b in new])
     return 0
 
 
@@ -719,24 +766,29 @@ cdef object _VLLM = object()
 cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
                       new_computed_blocks, num_lookahead_tokens,
                       num_external_computed_tokens, delay_cache_blocks,
-                      full_sequence_must_fit, reserved_blocks, has_scheduled_reqs):
-    # KVCacheManager.allocate_slots without external tokens, or _VLLM before
-    # anything changed.
+                      full_sequence_must_fit, reserved_blocks, has_scheduled_reqs,
+                      skip_zeroing):
+    # KVCacheManager.allocate_slots, or _VLLM before anything changed.
+    # ``skip_zeroing``: the groups whose external-token blocks are not
+    # recorded for zeroing (0.32 on), None where the release has no such
+    # argument (every group records).
     cdef ManagerPlan p
     cdef _Group g
     cdef Py_ssize_t new_tokens, new_computed, lookahead, reserved, computed, watermark = 0
-    cdef Py_ssize_t full_tokens, need, main_tokens, processed, required, i, nnew, zero, total
-    cdef bint any_new
+    cdef Py_ssize_t full_tokens, need, main_tokens, processed, required, i, nnew, ext, total
+    cdef bint any_new, adopts
     plan = self._kvpool_plan
     if (
         plan is None
         or not _count(num_new_tokens, &new_tokens)
         or not _count(num_new_computed_tokens, &new_computed)
-        or not _count(num_external_computed_tokens, &zero) or zero != 0
+        or not _count(num_external_computed_tokens, &ext)
         # vLLM raises for no new tokens and nothing to adopt (0.30: for no
-        # new tokens, even with computed tokens to adopt)
-        or (new_tokens == 0 and (new_computed == 0 or not (<ManagerPlan> plan).zero_chunk_adopts))
-        or new_tokens < 0 or new_computed < 0
+        # new tokens and no external ones, even with computed tokens to adopt)
+        or (new_tokens == 0 and ext == 0
+            and (new_computed == 0 or not (<ManagerPlan> plan).zero_chunk_adopts))
+        or new_tokens < 0 or new_computed < 0 or ext < 0
+        or (ext > 0 and skip_zeroing is not None and not PyTuple_CheckExact(skip_zeroing))
         or not _count(num_lookahead_tokens, &lookahead)
         or not _count(reserved_blocks, &reserved)
         or not _count(request.num_computed_tokens, &computed)
@@ -748,16 +800,20 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     computed += new_computed  # num_local_computed_tokens
     rid = request.request_id
     adopt = _to_adopt(p, rid, new_computed_blocks, computed)
-    if adopt is _VLLM:
+    if adopt is _VLLM or (ext > 0 and not _takes_external(p, rid)):
         p.n_base += 1
         return _VLLM
     # From here on this is vLLM's allocate_slots, in its order.
-    if adopt is None:
+    adopts = adopt is not None or ext > 0
+    if not adopts:
         p.n_fast += 1
-    else:
+    elif ext == 0:
         p.n_adopt += 1
-    # (total_computed_tokens: no external ones)
-    total = computed if computed < p.max_model_len else p.max_model_len
+    else:
+        p.n_external += 1
+    total = computed + ext
+    if total > p.max_model_len:
+        total = p.max_model_len
     if has_scheduled_reqs:
         status = request.status
         if status is p.waiting or status is p.preempted or (
@@ -788,12 +844,14 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
                 g.mgr.remove_skipped_blocks(rid, processed, request.num_prompt_tokens)
     required = 0
     for i in range(p.ngroups):
+        # (total_computed_tokens: local + external, not capped here)
         required += _num_blocks_to_allocate(
-            <_Group> p.groups[i], rid, need, None if adopt is None else adopt[i], total, False)
+            <_Group> p.groups[i], rid, need, None if adopt is None else adopt[i],
+            computed + ext, False)
     if required + watermark > _free_blocks(p) - reserved:
         return None
-    if adopt is not None:
-        _adopt(p, rid, adopt, computed)
+    if adopts:
+        _adopt(p, rid, adopt, computed, ext, skip_zeroing)
     # The coordinator's allocate_new_blocks (no group needing a block is
     # the common case: its result, all empty, is never built).
     any_new = False
@@ -853,13 +911,15 @@ def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
                    num_encoder_tokens=0, full_sequence_must_fit=False,
                    reserved_blocks=0, has_scheduled_reqs=True,
                    skip_zeroing_group_ids=()):
-    """vLLM's ``KVCacheManager.allocate_slots`` (0.32, 0.33: same arguments,
-    results and effects): in C when the request adopts no new computed
-    tokens, else vLLM's own method."""
+    """vLLM's ``KVCacheManager.allocate_slots`` (0.32-0.34: same arguments,
+    results and effects): in C, a prefix-cache hit and a KV connector's
+    external tokens included; vLLM's own method for the cases listed in
+    docs/manager.md (a partial-block hit, ...)."""
     result = _allocate(self, request, num_new_tokens, num_new_computed_tokens,
                        new_computed_blocks, num_lookahead_tokens,
                        num_external_computed_tokens, delay_cache_blocks,
-                       full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
+                       full_sequence_must_fit, reserved_blocks, has_scheduled_reqs,
+                       skip_zeroing_group_ids)
     if result is not _VLLM:
         return result
     return _vllm_base(self, "allocate_slots")(
@@ -875,12 +935,12 @@ def allocate_slots_0_30(self, request, num_new_tokens, num_new_computed_tokens=0
                         num_encoder_tokens=0, full_sequence_must_fit=False,
                         reserved_blocks=0, has_scheduled_reqs=True):
     """vLLM's ``KVCacheManager.allocate_slots`` of 0.30 and 0.31 (no
-    ``skip_zeroing_group_ids``): in C when the request adopts no new computed
-    tokens, else vLLM's own method."""
+    ``skip_zeroing_group_ids``: every group records its external-token
+    blocks for zeroing), as ``allocate_slots``."""
     result = _allocate(self, request, num_new_tokens, num_new_computed_tokens,
                        new_computed_blocks, num_lookahead_tokens,
                        num_external_computed_tokens, delay_cache_blocks,
-                       full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
+                       full_sequence_must_fit, reserved_blocks, has_scheduled_reqs, None)
     if result is not _VLLM:
         return result
     return _vllm_base(self, "allocate_slots")(
@@ -982,6 +1042,11 @@ cdef object _computed_blocks(self, request, max_cache_hit_length, bint hit_limit
         if not cached:
             break
         hit.append(cached[0])
+    if p.drop_eagle and hit:
+        # EAGLE / MTP: the last hit block is recomputed for the drafter's
+        # hidden states (vLLM's FullAttentionManager: one block less, the
+        # alignment being the block).
+        hit.pop()
     num_new_computed = len(hit) * p.lookup_block_size
     computed = (hit,)
     if num_new_computed > 0 and self.enable_kv_cache_events and \

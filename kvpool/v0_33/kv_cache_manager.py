@@ -6,9 +6,11 @@ scheduler, a connector or a test reads of the manager is there and means
 the same. Two methods are compiled (``kvpool._manager``), the ones the
 scheduler calls for every running request on every step:
 
-- ``allocate_slots``: in C when the request adopts no new computed tokens
-  (a running request's decode or prefill chunk, a new request with no
-  prefix-cache hit); vLLM's own method otherwise;
+- ``allocate_slots``: in C for a running request's decode or prefill chunk
+  (draft and lookahead tokens included), and for a new request with its
+  prefix-cache hit and a KV connector's external tokens (asynchronous
+  loads' ``delay_cache_blocks`` and the groups whose new blocks are zeroed
+  included); vLLM's own method otherwise;
 - ``cache_blocks``: vLLM's coordinator only when a group has a block to
   cache (a full-attention group's new full blocks go to the pool directly);
 - ``get_computed_blocks``: the prefix-cache lookup of one full-attention
@@ -25,9 +27,10 @@ request on every step).
 
 Which configurations the compiled paths serve is decided when the manager
 is built (``kvpool._manager.plan_for``): one full-attention group, or full
-attention + sliding window, prefix caching on or off. Anything else (Mamba,
-cross-attention, chunked local attention, HiSparse, EAGLE / MTP, context
-parallelism, ...) runs vLLM's code throughout; ``kvpool_fallback_reason``
+attention + sliding window, prefix caching on or off, with or without
+EAGLE / MTP / draft tokens. Anything else (Mamba, cross-attention, chunked
+local attention, HiSparse, context parallelism, ...) runs vLLM's code
+throughout; ``kvpool_fallback_reason``
 says why, and it is logged once per reason. Imports vLLM.
 """
 
@@ -89,6 +92,10 @@ class KVCacheManager(_vllm.KVCacheManager):
     #: 0.30, 0.31: the coordinator's get_num_common_prefix_blocks that
     #: kvpool's does in C (0.32 on: the manager answers zeros itself).
     _kvpool_common_prefix_blocks = None
+    #: The coordinator's set of groups whose prefix-cache hit drops its last
+    #: block for EAGLE / MTP (0.33 on: empty when lookahead hashes prove the
+    #: boundary).
+    _kvpool_eagle_drop_attr = "drop_eagle_group_ids"
 
     @functools.wraps(_vllm.KVCacheManager.__init__)  # its signature, for callers that read it
     def __init__(self, *args, **kwargs) -> None:
@@ -115,6 +122,7 @@ class KVCacheManager(_vllm.KVCacheManager):
             pool_event_extra_keys=_block_pool.BlockPoolMixin._event_extra_keys,
             # (read off the class: on the instance it would be a bound method)
             common_prefix_blocks=type(self)._kvpool_common_prefix_blocks,
+            eagle_drop_attr=self._kvpool_eagle_drop_attr,
         )
         self._kvpool_plan = plan
         #: ``None`` when the compiled paths serve this manager, else why not.
