@@ -15,6 +15,9 @@ CHECKS = {
     "test_vllm_against_itself": "vLLM vs vLLM",
     "test_kvpool_against_vllm": "kvpool vs vLLM",
     "test_a_broken_pool_is_caught": "broken pools caught",
+    "test_kvpool_manager_against_vllm": "kvpool's manager vs vLLM's",
+    "test_a_broken_manager_is_caught": "broken manager caught",
+    "test_a_manager_that_keeps_the_eagle_block_is_caught": "EAGLE block kept, caught",
     "test_manager_state_machine": "manager state machine",
     "test_a_broken_manager_fails_the_machine": "broken managers fail the machine",
 }

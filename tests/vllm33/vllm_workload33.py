@@ -149,6 +149,44 @@ class Workload(_v15.Workload):
     repeat_every: int = 0
     # The manager's admission watermark (a fraction of the pool's blocks).
     watermark: float = 0.0
+    # Speculative decoding: draft tokens proposed for each decoding request
+    # on each step (0: none), each accepted with ``accept_rate`` until the
+    # first rejection (the rest roll ``num_computed_tokens`` back).
+    spec_tokens: int = 0
+    accept_rate: float = 0.6
+    # The drafter is EAGLE-family (EAGLE, EAGLE-3, MTP): the manager is built
+    # with ``use_eagle`` and ``allocate_slots`` reserves ``spec_tokens``
+    # lookahead slots; else the drafts are n-gram's (no lookahead).
+    eagle: bool = False
+    # Multi-module MTP: the drafter reads ``spec_tokens`` prefill tokens
+    # ahead (``num_prefill_lookahead``; EAGLE-family otherwise: 1).
+    multi_module_mtp: bool = False
+    # A KV connector (one group whose block is the hash block): an external
+    # store keeps the prompt blocks of every finished request, and an
+    # admission adopts the stored blocks past its local hit as external
+    # tokens (up to the last prompt token). Every ``async_load_every``-th
+    # such admission loads asynchronously (``delay_cache_blocks``, the
+    # request waits ``load_steps`` steps, then its blocks are cached); of
+    # those every ``failed_load_every``-th fails halfway (its blocks from
+    # there are evicted, the valid part cached, or the request freed) and
+    # every ``aborted_load_every``-th is aborted mid-load (freed).
+    connector: bool = False
+    async_load_every: int = 2
+    load_steps: int = 2
+    failed_load_every: int = 3
+    aborted_load_every: int = 5
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """``VllmConfig.num_lookahead_tokens``: the EAGLE family's drafts."""
+        return self.spec_tokens if self.eagle else 0
+
+    @property
+    def num_prefill_lookahead(self) -> int:
+        """``VllmConfig.num_prefill_lookahead_tokens``."""
+        if not self.eagle:
+            return 0
+        return self.spec_tokens if self.multi_module_mtp else 1
 
 
 @dataclass
@@ -156,6 +194,15 @@ class Run(_v15.Run):
     cow_copies: int = 0
     # Admissions whose prefix hit includes blocks a running request holds.
     hits_on_blocks_in_use: int = 0
+    # Speculative decoding: drafts scheduled, and those rejected.
+    draft_tokens: int = 0
+    rejected_tokens: int = 0
+    # KV connector: tokens adopted as external, asynchronous loads, failed
+    # and aborted ones.
+    external_tokens: int = 0
+    async_loads: int = 0
+    failed_loads: int = 0
+    aborted_loads: int = 0
 
 
 def make_manager(w: Workload, manager_class: type | None = None) -> KVCacheManager:
@@ -177,7 +224,9 @@ def make_manager(w: Workload, manager_class: type | None = None) -> KVCacheManag
         max_model_len=w.max_model_len,
         max_in_flight_tokens=w.token_budget,  # one batch in flight
         enable_caching=w.enable_caching,
-        use_eagle=False,
+        # (Scheduler: use_eagle_block_drop, the EAGLE family's unless
+        # lookahead hashes prove the boundary; none here)
+        use_eagle=getattr(w, "eagle", False),
         log_stats=True,
         enable_kv_cache_events=w.enable_events,
         dcp_world_size=1,
@@ -189,7 +238,7 @@ def make_manager(w: Workload, manager_class: type | None = None) -> KVCacheManag
         **accepted(
             manager_class.__init__,
             num_hash_lookahead_tokens=0,  # 0.33.0
-            num_prefill_lookahead=0,  # 0.28.0
+            num_prefill_lookahead=getattr(w, "num_prefill_lookahead", 0),  # 0.28.0
             enable_mamba_fine_grained_prefix_cache=False,  # 0.30.0 only
             enable_mamba_shared_prefix_checkpoint=False,  # 0.31.0
         ),
@@ -312,6 +361,14 @@ def run(
     waiting: collections.deque[Request] = collections.deque()
     running: list[Request] = []
     rng = random.Random(w.seed + 1)
+    spec_rng = random.Random(w.seed + 2)  # the drafts' acceptance
+    # KV connector: the external store (block hashes), the asynchronous loads
+    # in flight (done step, number, request, local hit tokens), and the
+    # external hits so far.
+    store: set = set()
+    loading: collections.deque = collections.deque()
+    loads = 0
+    failing: dict[str, int] = {}  # synchronous loads failing this step: local hit
     step = 0
     wall0 = clock()
 
@@ -329,12 +386,13 @@ def run(
         if not w.arrivals_per_step:
             waiting.extend(arrivals)
             arrivals.clear()
-        while arrivals or waiting or running:
+        while arrivals or waiting or running or loading:
             step += 1
             for _ in range(min(w.arrivals_per_step, len(arrivals))):
                 waiting.append(arrivals.popleft())
             budget = w.token_budget
             scheduled: list[tuple[Request, int]] = []
+            drafts: dict[str, int] = {}  # request id: drafts scheduled this step
             preempted = False
 
             t0 = clock()
@@ -342,20 +400,63 @@ def run(
             spent += clock() - t0
             calls += 1
 
+            # 0. KV loads that finished (the scheduler's
+            # _update_waiting_for_remote_kv), in the order they started.
+            while loading and loading[0][0] <= step:
+                _, n, req, local = loading.popleft()
+                t0 = clock()
+                if w.aborted_load_every and n % w.aborted_load_every == 0:
+                    # Aborted mid-load: its blocks are freed.
+                    mgr.free(req)
+                    spent += clock() - t0
+                    calls += 1
+                    out.aborted_loads += 1
+                    out.finished += 1
+                    req.status = RequestStatus.FINISHED_ABORTED
+                    if record:
+                        trace.append(("aborted", step, req.request_id))
+                    continue
+                if w.failed_load_every and n % w.failed_load_every == 0:
+                    # Failed halfway: the blocks from there are evicted, the
+                    # valid prefix is cached (or, none, the request freed).
+                    bs = w.hash_block_size
+                    first = (local + (req.num_computed_tokens - local) // 2) // bs
+                    ids = mgr.get_block_ids(req.request_id)[0]
+                    mgr.evict_blocks(set(ids[first : req.num_computed_tokens // bs]))
+                    req.num_computed_tokens = first * bs
+                    if req.num_computed_tokens:
+                        mgr.cache_blocks(req, req.num_computed_tokens)
+                    else:
+                        mgr.free(req)
+                    calls += 3
+                    out.failed_loads += 1
+                else:
+                    mgr.cache_blocks(req, req.num_computed_tokens)
+                    calls += 1
+                spent += clock() - t0
+                if record:
+                    trace.append(("loaded", step, req.request_id, req.num_computed_tokens))
+                req.status = PREEMPTED if req.num_preemptions else WAITING
+                waiting.appendleft(req)
+
             # 1. Running requests: a prefill chunk or one decode token each.
             i = 0
             while i < len(running) and budget > 0:
                 req = running[i]
-                num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+                # (num_tokens_with_spec: the request's drafts too)
+                num_new = min(req.num_tokens_with_spec - req.num_computed_tokens, budget)
                 num_new = min(num_new, w.max_model_len - req.num_computed_tokens - 1)
                 if split is not None:
                     num_new = split(req, num_new)
+                num_new = _reserve_prefill_lookahead(w, req, req.num_computed_tokens, num_new)
                 if num_new <= 0:
                     i += 1
                     continue
                 while True:
                     t0 = clock()
-                    new_blocks = mgr.allocate_slots(req, num_new, num_lookahead_tokens=0)
+                    new_blocks = mgr.allocate_slots(
+                        req, num_new, num_lookahead_tokens=w.num_lookahead_tokens
+                    )
                     spent += clock() - t0
                     calls += 1
                     if record:
@@ -373,6 +474,7 @@ def run(
                     victim.status = PREEMPTED
                     victim.num_computed_tokens = 0
                     victim.num_preemptions += 1
+                    victim.spec_token_ids = []
                     waiting.appendleft(victim)
                     preempted = True
                     out.preemptions += 1
@@ -385,6 +487,7 @@ def run(
                 scheduled.append((req, num_new))
                 budget -= num_new
                 i += 1
+                _schedule_drafts(req, num_new, drafts)
 
             # The blocks in-flight prefills still need (the scheduler's
             # _request_remaining_blocks, through the coordinator).
@@ -421,11 +524,17 @@ def run(
                 and len(running) < w.max_running
             ):
                 req = waiting[0]
-                t0 = clock()
-                computed, num_computed, boundary = mgr.get_computed_blocks(req)
-                spent += clock() - t0
-                calls += 1
-                req.shared_prefix_boundary = boundary
+                # A request whose KV load finished has its blocks and
+                # computed tokens already: no lookup (the scheduler's).
+                loaded = req.num_computed_tokens
+                if loaded:
+                    computed, num_computed, boundary = mgr.empty_kv_cache_blocks, 0, 0
+                else:
+                    t0 = clock()
+                    computed, num_computed, boundary = mgr.get_computed_blocks(req)
+                    spent += clock() - t0
+                    calls += 1
+                    req.shared_prefix_boundary = boundary
                 out.prefix_hit_tokens += num_computed
                 if num_computed and running:
                     in_use = {
@@ -443,9 +552,19 @@ def run(
                             _ids(computed),
                         )
                     )
-                num_new = min(req.num_tokens - num_computed, budget)
+                ext = 0 if loaded else _external_hit(w, req, num_computed, store)
+                load_async = False
+                if ext:
+                    loads += 1
+                    load_async = loads % w.async_load_every == 0
+                start = loaded + num_computed + ext
+                num_new = 0 if load_async else min(req.num_tokens - start, budget)
                 if split is not None:
                     num_new = split(req, num_new, num_computed, 0)
+                    if num_new == 0:
+                        break
+                if not load_async:
+                    num_new = _reserve_prefill_lookahead(w, req, start, num_new)
                     if num_new == 0:
                         break
                 t0 = clock()
@@ -454,13 +573,19 @@ def run(
                     num_new,
                     num_new_computed_tokens=num_computed,
                     new_computed_blocks=computed,
-                    num_lookahead_tokens=0,
-                    num_external_computed_tokens=0,
-                    delay_cache_blocks=False,
+                    # (an asynchronous load: its lookahead slots come later)
+                    num_lookahead_tokens=0 if load_async else w.num_lookahead_tokens,
+                    num_external_computed_tokens=ext,
+                    delay_cache_blocks=load_async,
                     num_encoder_tokens=0,
                     full_sequence_must_fit=True,
                     reserved_blocks=0,
                     has_scheduled_reqs=bool(running),
+                    # 0.32 on: the group an asynchronous load writes
+                    **accepted(
+                        type(mgr).allocate_slots,
+                        skip_zeroing_group_ids=(0,) if load_async else (),
+                    ),
                 )
                 spent += clock() - t0
                 calls += 1
@@ -468,12 +593,16 @@ def run(
                     trace.append(
                         ("alloc", step, req.request_id, num_new, _ids(new_blocks))
                     )
+                    if ext:
+                        trace.append(("external", step, req.request_id, ext, load_async))
                 if new_blocks is None:
                     break
-                t0 = clock()
-                record_prefix_cache_stats(req, num_computed)
-                spent += clock() - t0
-                calls += 1
+                out.external_tokens += ext
+                if not loaded:
+                    t0 = clock()
+                    record_prefix_cache_stats(req, num_computed)
+                    spent += clock() - t0
+                    calls += 1
                 t0 = clock()
                 admitted_blocks = mgr.get_blocks(req.request_id)
                 spent += clock() - t0
@@ -481,11 +610,20 @@ def run(
                 if record:
                     trace.append(("blocks", step, req.request_id, _ids(admitted_blocks)))
                 waiting.popleft()
+                req.num_computed_tokens = start
+                if load_async:
+                    # WAITING_FOR_REMOTE_KVS until the load is done.
+                    out.async_loads += 1
+                    req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                    loading.append((step + w.load_steps, out.async_loads, req, num_computed))
+                    continue
                 running.append(req)
                 req.status = RUNNING
-                req.num_computed_tokens = num_computed
                 scheduled.append((req, num_new))
                 budget -= num_new
+                if ext and w.failed_load_every and loads % w.failed_load_every == 1:
+                    # This synchronous load will fail halfway (step 4).
+                    failing[req.request_id] = num_computed
 
             # 3. End of schedule(): the per-step drains.
             t0 = clock()
@@ -514,12 +652,55 @@ def run(
                 req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens
 
             # 4. update_from_output: the "model" ran; emit tokens, finish.
+            # A failed synchronous load first (the scheduler's
+            # _update_requests_with_invalid_blocks): its blocks from halfway
+            # through the external tokens are evicted, it recomputes from
+            # there, and its output of this step is dropped.
+            dropped = set()
+            for req, num_new in scheduled:
+                local = failing.pop(req.request_id, None)
+                if local is None:
+                    continue
+                bs = w.hash_block_size
+                external_end = req.num_computed_tokens - num_new
+                first = (local + (external_end - local) // 2) // bs
+                t0 = clock()
+                ids = mgr.get_block_ids(req.request_id)[0]
+                mgr.evict_blocks(set(ids[first : external_end // bs]))
+                spent += clock() - t0
+                calls += 2
+                req.num_computed_tokens = first * bs
+                dropped.add(req.request_id)
+                out.failed_loads += 1
+                if record:
+                    trace.append(("load-failed", step, req.request_id, req.num_computed_tokens))
             finished = []
             for req, num_new in scheduled:
                 req.num_in_flight_tokens -= num_new
+                if req.request_id in dropped:
+                    continue
                 if req.num_computed_tokens >= req.num_tokens:
                     outputs = req._kvpool_outputs
+                    # The drafts scheduled: accepted until the first
+                    # rejection, the rest rolled back; the accepted ones and
+                    # the bonus token emitted (up to the request's length).
+                    num_drafts = drafts.get(req.request_id, 0)
+                    num_accepted = 0
+                    while num_accepted < num_drafts and spec_rng.random() < w.accept_rate:
+                        num_accepted += 1
+                    req.num_computed_tokens -= num_drafts - num_accepted
+                    out.draft_tokens += num_drafts
+                    out.rejected_tokens += num_drafts - num_accepted
                     req.append_output_token_ids(outputs[req.num_output_tokens])
+                    for _ in range(num_accepted):
+                        if req.num_output_tokens >= len(outputs):
+                            break
+                        req.append_output_token_ids(outputs[req.num_output_tokens])
+                    if getattr(w, "spec_tokens", 0) and req.num_output_tokens < len(outputs):
+                        # update_draft_token_ids: the next step's drafts.
+                        req.spec_token_ids = [
+                            spec_rng.randrange(1, 30000) for _ in range(w.spec_tokens)
+                        ]
                     if req.prefill_stats is not None:
                         req.prefill_stats = None
                         t0 = clock()
@@ -533,6 +714,9 @@ def run(
             for req in finished:
                 running.remove(req)
                 req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+                if getattr(w, "connector", False):
+                    # The connector saved its prompt's full blocks.
+                    store.update(req.block_hashes[: req.num_prompt_tokens // w.hash_block_size])
                 # As the scheduler does before it hands a finished request's
                 # table to a connector.
                 t0 = clock()
@@ -566,6 +750,50 @@ def run(
     out.manager_calls = calls
     out.steps = step
     return out
+
+
+def _reserve_prefill_lookahead(
+    w: _v15.Workload, req: Request, num_computed: int, num_new: int
+) -> int:
+    """``Scheduler._reserve_prefill_lookahead``: multi-module MTP never ends a
+    prefill chunk within its prefill lookahead of the prefill end."""
+    lookahead = getattr(w, "num_prefill_lookahead", 0)
+    remaining = req.num_tokens - num_computed - num_new
+    if 0 < remaining < lookahead:
+        num_new -= lookahead - remaining
+    return max(num_new, 0)
+
+
+def _external_hit(w: _v15.Workload, req: Request, num_local: int, store: set) -> int:
+    """The connector's matched tokens past a local hit: the stored blocks
+    that follow it, up to the last prompt token (computed for its logits);
+    for a third of the prompts all of them but the last token (a remote
+    prefill's hit, which ends inside a block)."""
+    if not getattr(w, "connector", False):
+        return 0
+    bs = w.hash_block_size
+    hashes = req.block_hashes
+    first = num_local // bs
+    last = min((req.num_tokens - 1) // bs, len(hashes))
+    k = first
+    while k < last and hashes[k] in store:
+        k += 1
+    if k == last > first and req.num_prompt_tokens % 3 == 0:
+        # A remote prefill's (P/D disaggregation): every prompt token but
+        # the last, the partial block included.
+        return req.num_tokens - 1 - num_local
+    return (k - first) * bs
+
+
+def _schedule_drafts(req: Request, num_new: int, drafts: dict[str, int]) -> None:
+    """The scheduler's speculative-decode bookkeeping of a scheduled request:
+    the drafts that fit in ``num_new`` are scheduled, the request's list is
+    cleared (the drafter sets the next one)."""
+    if req.spec_token_ids:
+        num_spec = num_new + req.num_computed_tokens - req.num_tokens
+        if num_spec > 0:
+            drafts[req.request_id] = min(num_spec, len(req.spec_token_ids))
+        req.spec_token_ids = []
 
 
 def _port(w: _v15.Workload, **changes: Any) -> Workload:

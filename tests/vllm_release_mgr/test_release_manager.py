@@ -91,6 +91,34 @@ if LATE_DRIVER:
         num_blocks=400,
         metrics_sample_rate=0.5,
     )
+    # Speculative decoding (drafts scheduled with each decode step, accepted
+    # at random until the first rejection, the rest rolled back) and a KV
+    # connector (external tokens past the local hit -- its store keeps every
+    # finished prompt; resets between phases and evictions make it the only
+    # hit -- synchronous and asynchronous loads, failed loads whose blocks
+    # are evicted, loads aborted): (base, requests, name, changes).
+    eagle = {"spec_tokens": 3, "eagle": True}
+    connector = {"connector": True, "phases": 3}
+    for key, base, n, name, changes in (
+        ("eagle", vw.FULL, 300, "EAGLE, 3 drafts (lookahead 3, last hit block dropped)", eagle),
+        ("eagle-1", vw.FULL, 200, "EAGLE, 1 draft", {"spec_tokens": 1, "eagle": True}),
+        ("eagle+sliding", vw.HYBRID, 300, "EAGLE, 3 drafts, full + sliding window", eagle),
+        ("mtp", vw.FULL, 200, "multi-module MTP, 3 drafts (3 prefill lookahead tokens)",
+         {**eagle, "multi_module_mtp": True}),
+        ("ngram", vw.FULL, 200, "n-gram drafts (4, no lookahead)",
+         {"spec_tokens": 4, "accept_rate": 0.4}),
+        ("connector", vw.FULL, 300,
+         "KV connector: external tokens, async, failed and aborted loads", connector),
+        # A mixed-precision cache: new blocks are recorded for zeroing, but
+        # not the external ones an asynchronous load writes.
+        ("connector+sliding", vw.HYBRID, 300,
+         "KV connector, full + sliding window of another dtype (blocks zeroed)",
+         {**connector, "groups": (vw.Group("full", 16),
+                                  vw.Group("sliding", 16, sliding_window=128, dtype="bfloat16"))}),
+        ("connector+eagle", vw.FULL, 200, "KV connector with EAGLE (3 drafts)",
+         {**connector, **eagle}),
+    ):
+        WORKLOADS[key] = base.scaled(name=name, num_requests=_n(n), num_blocks=NUM_BLOCKS, **changes)
     WORKLOADS["mamba-cow"] = vw.FULL.scaled(
         name="full attention + Mamba align: partial hits, copy-on-write",
         groups=(vw.Group("full", 64), vw.Group("mamba", 64)),
@@ -176,6 +204,12 @@ def reference_run(key: str, w: vw.Workload) -> vw.Run:
         assert r.hits_on_blocks_in_use > 0
     if key == "mamba-cow":
         assert r.cow_copies > 0
+    if getattr(w, "spec_tokens", 0):
+        # Drafts scheduled, some accepted, some rolled back.
+        assert 0 < r.rejected_tokens < r.draft_tokens
+    if getattr(w, "connector", False):
+        assert r.external_tokens > 0, r
+        assert r.async_loads > 0 and r.failed_loads > 0 and r.aborted_loads > 0, r
     return r
 
 
@@ -310,7 +344,12 @@ def test_kvpool_manager_against_vllm(workload: vw.Workload, request: pytest.Fixt
             assert m._kvpool_plan is None and m.kvpool_fallback_reason == _FALLBACK[key]
         else:
             assert m.kvpool_fallback_reason is None
+            if key in _SPEC_WORKLOADS:
+                assert m.use_eagle == workload.eagle
             counts = m._kvpool_plan.counts
+            if getattr(workload, "connector", False):
+                # External tokens adopted in C.
+                assert counts["external"] > 0, counts
             assert counts["fast"] > counts["base"], counts
             if workload.enable_caching:
                 # Prefix-cache hits adopted, blocks cached (by the pool
@@ -339,6 +378,37 @@ def test_kvpool_manager_against_vllm(workload: vw.Workload, request: pytest.Fixt
                 # count (the driver asks it every step) is done in C.
                 if manager_class._kvpool_common_prefix_blocks is not None:
                     assert counts["common_prefix"] > 0, counts
+
+
+_SPEC_WORKLOADS = ("eagle", "eagle-1", "eagle+sliding", "mtp", "ngram", "connector+eagle")
+
+
+@pytest.mark.parametrize("key", ["eagle", "mtp"])
+def test_a_manager_that_keeps_the_eagle_block_is_caught(key: str) -> None:
+    """The EAGLE workloads have teeth on the compiled lookup: kvpool's
+    manager made to read an empty drop set (so its lookup keeps the last hit
+    block, as without EAGLE) fails the comparison; the unbroken one passes
+    (``test_kvpool_manager_against_vllm``)."""
+    if not LATE_DRIVER:
+        pytest.skip("no speculative decoding in the 0.15 driver")
+    manager_class = kvpool_manager_class()
+
+    class KeepsTheBlock(manager_class):  # type: ignore[misc, valid-type]
+        _kvpool_eagle_drop_attr = "_kvpool_planted_no_drop"
+
+    w = WORKLOADS[key].scaled(num_requests=_n(150))
+    expected = vw.run(w)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            kv_cache_coordinator.KVCacheCoordinator,
+            "_kvpool_planted_no_drop",
+            frozenset(),
+            raising=False,
+        )
+        broken, managers = manager_run(KeepsTheBlock, w)
+    assert all(m._kvpool_plan is not None for m in managers)
+    diff = first_difference(expected.trace, broken.trace)
+    assert diff is not None, "a lookup that keeps the EAGLE block went unnoticed"
 
 
 def broken_manager(manager_class: type) -> type:
