@@ -11,7 +11,10 @@ environment (kvpool's plugin then installs its pool in every vLLM process);
 returns a wrong block on every Nth prefix-cache hit, to prove the comparison
 can fail (``N:G``: every Nth hit in KV-cache group G only);
 ``KVPOOL_ENGINE_LEAKY=1`` one that keeps every block list it hands
-out, to prove the soak run's flatness check can fail.
+out, to prove the soak run's flatness check can fail;
+``KVPOOL_ENGINE_KEEP_EAGLE_BLOCK=1`` kvpool's manager with an EAGLE lookup
+that keeps the last hit block, to prove the EAGLE comparison sees the drop.
+A scenario's ``speculative_config`` turns speculative decoding on.
 """
 
 from __future__ import annotations
@@ -190,12 +193,15 @@ def install_leaky() -> None:
     kv_cache_coordinator.BlockPool = LeakyBlockPool
 
 
-def install_broken_manager(every: int) -> None:
+def install_broken_manager(every: int, external_only: bool = False) -> None:
     """Install kvpool, then rebind the scheduler's KVCacheManager to kvpool's
     manager broken in one detail: every ``every``-th ``allocate_slots`` leaves
     its new full blocks uncached (as if ``delay_cache_blocks`` were set), so
     later requests miss prefix-cache hits (``KVPOOL_ENGINE_BROKEN_MANAGER``:
-    the proof that the identity tests catch a wrong manager)."""
+    the proof that the identity tests catch a wrong manager).
+    ``external_only`` (``KVPOOL_ENGINE_BROKEN_MANAGER=external``): only the
+    calls that adopt a KV connector's external tokens, every one of them --
+    the blocks a synchronous load fills are left uncached."""
     import kvpool.vllm
     from vllm.v1.core.sched import scheduler
 
@@ -207,12 +213,38 @@ def install_broken_manager(every: int) -> None:
 
     class BrokenKVCacheManager(base):  # type: ignore[misc, valid-type]
         def allocate_slots(self, request, num_new_tokens, *args, **kwargs):
+            if external_only:
+                # (num_new_computed_tokens, new_computed_blocks, lookahead,
+                # external tokens: the scheduler passes the last by keyword)
+                if not kwargs.get("num_external_computed_tokens", 0):
+                    return super().allocate_slots(request, num_new_tokens, *args, **kwargs)
             calls[0] += 1
             if calls[0] % every == 0:
                 kwargs["delay_cache_blocks"] = True
             return super().allocate_slots(request, num_new_tokens, *args, **kwargs)
 
     scheduler.KVCacheManager = BrokenKVCacheManager
+
+
+def install_keeps_eagle_block() -> None:
+    """Install kvpool, then rebind the scheduler's KVCacheManager to kvpool's
+    manager whose prefix-cache lookup reads an empty EAGLE drop set, so it
+    keeps the last hit block (``KVPOOL_ENGINE_KEEP_EAGLE_BLOCK``: the proof
+    that the EAGLE comparison sees the drop)."""
+    import kvpool.vllm
+    from vllm.v1.core import kv_cache_coordinator
+    from vllm.v1.core.sched import scheduler
+
+    kvpool.vllm.install()
+    base = scheduler.KVCacheManager
+    if not base.__module__.startswith("kvpool."):
+        raise RuntimeError(f"kvpool's manager is not installed (the scheduler builds {base})")
+    kv_cache_coordinator.KVCacheCoordinator._kvpool_planted_no_drop = frozenset()
+
+    class KeepsTheEagleBlock(base):  # type: ignore[misc, valid-type]
+        _kvpool_eagle_drop_attr = "_kvpool_planted_no_drop"
+
+    scheduler.KVCacheManager = KeepsTheEagleBlock
 
 
 def profile_kvpool_manager(manager) -> None:
@@ -358,7 +390,13 @@ def main() -> None:
         every, _, group = os.environ["KVPOOL_ENGINE_BROKEN"].partition(":")
         install_broken(int(every), int(group) if group else None)
     if os.environ.get("KVPOOL_ENGINE_BROKEN_MANAGER"):
-        install_broken_manager(int(os.environ["KVPOOL_ENGINE_BROKEN_MANAGER"]))
+        broken = os.environ["KVPOOL_ENGINE_BROKEN_MANAGER"]
+        if broken == "external":
+            install_broken_manager(1, external_only=True)
+        else:
+            install_broken_manager(int(broken))
+    if os.environ.get("KVPOOL_ENGINE_KEEP_EAGLE_BLOCK"):
+        install_keeps_eagle_block()
     windows = watch_windows() if scenario.get("watch_windows") else None
     if os.environ.get("KVPOOL_ENGINE_LEAKY"):
         install_leaky()
@@ -368,6 +406,15 @@ def main() -> None:
     if collector is not None:
         collector.start()
     kwargs = {}
+    if scenario.get("kv_connector"):
+        # A KV connector (vLLM's ExampleConnector: prompts' KV saved to and
+        # loaded from files), its store private to this run.
+        from vllm.config import KVTransferConfig
+
+        store = Path(out_path).with_suffix(".kv-store")
+        kwargs["kv_transfer_config"] = KVTransferConfig(
+            kv_connector=scenario["kv_connector"], kv_role="kv_both",
+            kv_connector_extra_config={"shared_storage_path": str(store)})
     if collector is not None:
         kwargs["kv_events_config"] = KVEventsConfig(
             enable_kv_cache_events=True, publisher="zmq", endpoint=f"tcp://127.0.0.1:{port}"
@@ -385,6 +432,8 @@ def main() -> None:
         disable_log_stats=False,
         dtype="float32",
         seed=0,
+        # Speculative decoding (n-gram, an EAGLE draft model, MTP).
+        speculative_config=scenario.get("speculative_config"),
         **kwargs,
     )
     params = SamplingParams(
@@ -444,9 +493,14 @@ def main() -> None:
     metrics = {}
     for metric in llm.get_metrics():
         if metric.name in ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries",
-                           "vllm:num_preemptions"):
+                           "vllm:num_preemptions", "vllm:spec_decode_num_drafts",
+                           "vllm:spec_decode_num_draft_tokens",
+                           "vllm:spec_decode_num_accepted_tokens",
+                           "vllm:external_prefix_cache_hits",
+                           "vllm:external_prefix_cache_queries"):
             metrics[metric.name] = getattr(metric, "value", None)
     pool_class = kv_groups = manager_class = manager_counts = hasher = None
+    fallback = use_eagle = None
     if not scenario.get("multiprocess"):
         core = llm.llm_engine.engine_core.engine_core
         # The request block hasher the engine core built: kvpool's compiled
@@ -461,6 +515,8 @@ def main() -> None:
         # kvpool's manager: how its calls went (None: vLLM's, or out of scope).
         plan = getattr(manager, "_kvpool_plan", None)
         manager_counts = plan.counts if plan is not None else None
+        fallback = getattr(manager, "kvpool_fallback_reason", None)
+        use_eagle = manager.use_eagle
         # Each KV-cache group: its spec's class, sliding window, layers and
         # the single-type manager serving it.
         managers = scheduler.kv_cache_manager.coordinator.single_type_managers
@@ -490,6 +546,10 @@ def main() -> None:
         "manager_class": manager_class,
         "hasher": hasher,
         "manager_counts": manager_counts,
+        # Why kvpool's manager runs vLLM's code (None: its compiled paths
+        # serve), and whether the manager drops EAGLE's last hit block.
+        "manager_fallback": fallback,
+        "manager_use_eagle": use_eagle,
         "kv_cache_groups": kv_groups,
         "windows": windows,
         "generated": sum(len(t) for wave in outputs for t in wave),

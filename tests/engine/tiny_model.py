@@ -84,3 +84,112 @@ def make_model(directory: Path | str, *, seed: int = 1234, layers: int | None = 
     save_file(tensors, str(directory / "model.safetensors"))
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     return directory
+
+
+def _draft_layer(normal, config: dict, prefix: str, *, qkv_in: int, input_norm: bool) -> dict:
+    """One Llama decoder layer's weights under ``prefix`` (q/k/v read
+    ``qkv_in`` features: EAGLE-3 feeds them the embedding and hidden state)."""
+    import torch
+
+    hidden, inter, head_dim = config["hidden_size"], config["intermediate_size"], config["head_dim"]
+    q_out = config["num_attention_heads"] * head_dim
+    kv_out = config["num_key_value_heads"] * head_dim
+    tensors = {
+        prefix + "self_attn.q_proj.weight": normal(_STD["q"], q_out, qkv_in),
+        prefix + "self_attn.k_proj.weight": normal(_STD["k"], kv_out, qkv_in),
+        prefix + "self_attn.v_proj.weight": normal(_STD["v"], kv_out, qkv_in),
+        prefix + "self_attn.o_proj.weight": normal(_STD["o"], hidden, q_out),
+        prefix + "mlp.gate_proj.weight": normal(_STD["mlp"], inter, hidden),
+        prefix + "mlp.up_proj.weight": normal(_STD["mlp"], inter, hidden),
+        prefix + "mlp.down_proj.weight": normal(_STD["mlp"], hidden, inter),
+        prefix + "post_attention_layernorm.weight": torch.ones(hidden),
+    }
+    if input_norm:
+        tensors[prefix + "input_layernorm.weight"] = torch.ones(hidden)
+    return tensors
+
+
+def make_eagle_draft(directory: Path | str, *, eagle3: bool = False, seed: int = 4321) -> Path:
+    """A one-layer EAGLE draft for ``make_model``'s target (its config's
+    sizes), seeded random: EAGLE-1 (vLLM maps the Llama config to
+    ``EagleLlamaForCausalLM``: ``layers.0.*`` without an input norm, and
+    ``fc`` over the embedding and the target's hidden state) or, with
+    ``eagle3``, EAGLE-3 (``LlamaForCausalLMEagle3``: q/k/v over both, ``fc``
+    over the hidden states of the target's two layers, its own norm and
+    head)."""
+    import torch
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = dict(CONFIG, num_hidden_layers=1)
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    gen = torch.Generator().manual_seed(seed)
+
+    def normal(std: float, *shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float32) * std
+
+    if eagle3:
+        config.update(
+            architectures=["LlamaForCausalLMEagle3"],
+            draft_vocab_size=vocab,
+            # (the target's two layers: two hidden states for fc)
+            eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1],
+                          "use_aux_hidden_state": True},
+        )
+        tensors = _draft_layer(normal, config, "midlayer.", qkv_in=2 * hidden, input_norm=True)
+        tensors["midlayer.hidden_norm.weight"] = torch.ones(hidden)
+        tensors["fc.weight"] = normal(0.1, hidden, 2 * hidden)
+        tensors["norm.weight"] = torch.ones(hidden)
+        tensors["lm_head.weight"] = normal(_STD["head"], vocab, hidden)
+    else:
+        tensors = _draft_layer(normal, config, "layers.0.", qkv_in=hidden, input_norm=False)
+        tensors["fc.weight"] = normal(0.1, hidden, 2 * hidden)
+    save_file(tensors, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    return directory
+
+
+def make_mtp_model(directory: Path | str, *, seed: int = 2468) -> Path:
+    """A tiny MiMo checkpoint (``MiMoForCausalLM``: Qwen2 layers, q/k/v with
+    biases) with one multi-token-prediction layer (``model.mtp_layers.0``),
+    seeded random: vLLM's ``{"method": "mtp"}`` drafts with that layer."""
+    import torch
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = dict(CONFIG, architectures=["MiMoForCausalLM"], model_type="qwen2",
+                  num_nextn_predict_layers=1)
+    config.pop("head_dim")  # Qwen2: hidden / heads (32)
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    gen = torch.Generator().manual_seed(seed)
+
+    def normal(std: float, *shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float32) * std
+
+    layer_config = dict(config, head_dim=CONFIG["head_dim"])
+    kv_out = config["num_key_value_heads"] * CONFIG["head_dim"]
+    q_out = config["num_attention_heads"] * CONFIG["head_dim"]
+
+    def layer(prefix: str) -> dict:
+        tensors = _draft_layer(normal, layer_config, prefix, qkv_in=hidden, input_norm=True)
+        tensors[prefix + "self_attn.q_proj.bias"] = normal(0.1, q_out)
+        tensors[prefix + "self_attn.k_proj.bias"] = normal(0.1, kv_out)
+        tensors[prefix + "self_attn.v_proj.bias"] = normal(0.1, kv_out)
+        return tensors
+
+    tensors = {"model.embed_tokens.weight": normal(_STD["embed"], vocab, hidden)}
+    for i in range(config["num_hidden_layers"]):
+        tensors.update(layer(f"model.layers.{i}."))
+    mtp = "model.mtp_layers.0."
+    tensors.update(layer(mtp))
+    tensors[mtp + "token_layernorm.weight"] = torch.ones(hidden)
+    tensors[mtp + "hidden_layernorm.weight"] = torch.ones(hidden)
+    tensors[mtp + "final_layernorm.weight"] = torch.ones(hidden)
+    tensors[mtp + "input_proj.weight"] = normal(0.1, hidden, 2 * hidden)
+    tensors["model.norm.weight"] = torch.ones(hidden)
+    tensors["lm_head.weight"] = normal(_STD["head"], vocab, hidden)
+    save_file(tensors, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    return directory
