@@ -53,5 +53,13 @@ def test_uncached_external_blocks_are_caught(model_dir: Path, tmp_path: Path) ->
     stock, broken = with_stock(model_dir, "connector", SCENARIO, tmp_path,
                                env={"KVPOOL_ENGINE_BROKEN_MANAGER": "external"})
     assert broken["manager_class"].endswith("BrokenKVCacheManager"), broken["manager_class"]
+    assert broken["manager_counts"]["external"] > 0, broken["manager_counts"]
     with pytest.raises(AssertionError):
         assert_same_run(SCENARIO, stock, broken)
+    # Caught by what the fault changes, not by the planted class's name: the
+    # blocks loaded for one prompt are not there for the next one's local
+    # lookup, and what the pool stored (its events) differs.
+    print("connector proof:", stock["metrics"], broken["metrics"])
+    assert (broken["metrics"]["vllm:prefix_cache_hits"]
+            < stock["metrics"]["vllm:prefix_cache_hits"]), (broken["metrics"], stock["metrics"])
+    assert broken["events"] != stock["events"]
