@@ -15,6 +15,9 @@ Configurations:
   is at its largest);
 - ``scheduler-noevents``: the same without KV events (vLLM's default: no
   ``kv_events_config``; the engine tests' runs publish events);
+- ``scheduler-eagle``: the scheduler-heavy one with a tiny EAGLE draft
+  model proposing 3 tokens a step (the manager built with ``use_eagle``,
+  lookahead 3);
 - ``model``: a 4-layer model, 32 concurrent requests (the
   model runner dominates).
 
@@ -96,6 +99,14 @@ CONFIGS = {
 CONFIGS["scheduler-noevents"] = {
     "model": CONFIGS["scheduler"]["model"],
     "scenario": dict(CONFIGS["scheduler"]["scenario"], events=False),
+}
+# The scheduler-heavy configuration with an EAGLE draft (a tiny seeded one,
+# tiny_model.make_eagle_draft) proposing 3 tokens a step: kvpool's manager
+# is built with use_eagle, lookahead 3.
+CONFIGS["scheduler-eagle"] = {
+    "model": CONFIGS["scheduler"]["model"],
+    "scenario": CONFIGS["scheduler"]["scenario"],
+    "draft": {"method": "eagle", "num_speculative_tokens": 3},
 }
 QUICK = {"num_requests": 96, "max_tokens": 16}
 
@@ -375,7 +386,7 @@ def main() -> None:
                         help="py-spy's samples a second (default 200)")
     parser.add_argument("--quick", action="store_true", help="small workloads (a smoke run)")
     args = parser.parse_args()
-    from tiny_model import make_model
+    from tiny_model import make_eagle_draft, make_model
     import vllm
 
     import kvpool
@@ -389,6 +400,9 @@ def main() -> None:
             config = CONFIGS[name]
             model = make_model(Path(tmp) / f"model-{name}", **config["model"])
             scenario = dict(config["scenario"], **(QUICK if args.quick else {}))
+            if "draft" in config:
+                draft = make_eagle_draft(Path(tmp) / f"draft-{name}")
+                scenario["speculative_config"] = dict(config["draft"], model=str(draft))
             per_side: dict[str, dict[str, list[float]]] = {
                 side: {"tok_s": [], "ms_step": []} for side in ("stock", "kvpool")}
             ratios = []

@@ -95,6 +95,15 @@ WORKLOADS = {
     "hybrid": vw.HYBRID.scaled(metrics_sample_rate=None),
     "mixed": vw.MIXED_BLOCK_SIZES,
 }
+if hasattr(vw.FULL, "spec_tokens"):  # the 0.26+ driver: speculative decoding
+    # EAGLE with 3 drafts (lookahead 3, 60% of drafts accepted in a row),
+    # n-gram drafts (4, no lookahead, 40%); and a KV connector.
+    WORKLOADS["eagle"] = vw.FULL.scaled(name="EAGLE, 3 drafts", spec_tokens=3, eagle=True)
+    WORKLOADS["ngram"] = vw.FULL.scaled(
+        name="n-gram drafts", spec_tokens=4, accept_rate=0.4
+    )
+    # A KV connector: external hits, asynchronous loads, failed loads, aborts.
+    WORKLOADS["connector"] = vw.FULL.scaled(name="KV connector", connector=True)
 
 # The BlockPool methods vLLM's managers call (``--pool-time`` times them).
 POOL_METHODS = (

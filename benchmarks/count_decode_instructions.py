@@ -54,7 +54,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SIDES = ("vllm", "kvpool", "empty")
 
 
-def child(side: str, rounds: int, requests: int, prompt: int) -> None:
+def child(side: str, rounds: int, requests: int, prompt: int, eagle: int = 0) -> None:
     sys.path.insert(0, os.path.join(HERE, os.pardir, "tests", "vllm"))
     sys.path.insert(0, os.path.join(HERE, os.pardir, "tests", "vllm33"))
     import kvpool.vllm as kv
@@ -64,7 +64,10 @@ def child(side: str, rounds: int, requests: int, prompt: int) -> None:
         kv.install()
     import vllm_workload33 as vw
 
-    w = vw.Workload("decode", enable_events=False)
+    # EAGLE: the manager built with use_eagle, each step the token and the
+    # ``eagle`` drafts scheduled with as many lookahead slots (as the
+    # scheduler calls it).
+    w = vw.Workload("decode", enable_events=False, spec_tokens=eagle, eagle=eagle > 0)
     mgr = vw.make_manager(w)
     if side != "vllm" and getattr(mgr, "_kvpool_plan", None) is None:
         sys.exit(f"kvpool's manager is not in: {type(mgr).__module__}, "
@@ -83,7 +86,7 @@ def child(side: str, rounds: int, requests: int, prompt: int) -> None:
     empty = mgr.empty_kv_cache_blocks
     if side == "empty":
         # The least a Python method the loop calls can be.
-        def allocate_slots(self, request, num_new_tokens):
+        def allocate_slots(self, request, num_new_tokens, num_lookahead_tokens=0):
             return empty
         type(mgr).allocate_slots = allocate_slots
     plan = getattr(mgr, "_kvpool_plan", None)
@@ -96,6 +99,15 @@ def child(side: str, rounds: int, requests: int, prompt: int) -> None:
                 if alloc(r, 1) is empty:  # no new block
                     n += 1
         return n
+
+    if eagle:
+        def loop() -> int:  # noqa: F811 - the EAGLE step instead
+            n = 0
+            for _ in range(rounds):
+                for r in reqs:
+                    if alloc(r, 1 + eagle, num_lookahead_tokens=eagle) is empty:
+                        n += 1
+            return n
 
     # Warm up, then the counted loop: the one run through operator.call.
     served = loop() + operator.call(loop)
@@ -119,7 +131,8 @@ def count(side: str, rounds: int, args: argparse.Namespace, valgrind: str, tmp: 
     cmd = [valgrind, "--tool=callgrind", f"--callgrind-out-file={out}",
            "--collect-atstart=no", "--toggle-collect=_operator_call",
            sys.executable, os.path.abspath(__file__), "--child", side, str(rounds),
-           "--requests", str(args.requests), "--prompt", str(args.prompt)]
+           "--requests", str(args.requests), "--prompt", str(args.prompt),
+           "--eagle", str(args.eagle)]
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -146,12 +159,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=100,
                         help="steps over every request in the counted loop (100)")
     parser.add_argument("--sides", default=",".join(SIDES), help="which of vllm,kvpool,empty")
+    parser.add_argument("--eagle", type=int, default=0, metavar="K",
+                        help="an EAGLE decode step: K drafts and K lookahead slots (0: none)")
     args = parser.parse_args()
     if args.child:
         side, rounds = args.child
         if side not in SIDES:
             sys.exit(f"unknown side {side!r}: one of {', '.join(SIDES)}")
-        child(side, int(rounds), args.requests, args.prompt)
+        if args.eagle and args.prompt % 16 + 1 + 2 * args.eagle > 16:
+            sys.exit("--eagle: the prompt's partial block must hold the step's tokens and "
+                     "lookahead (prompt % 16 + 1 + 2K <= 16)")
+        child(side, int(rounds), args.requests, args.prompt, args.eagle)
         return
     valgrind = shutil.which("valgrind")
     if valgrind is None:
@@ -167,7 +185,8 @@ def main() -> None:
         per_call = {side: f.result() for side, f in futures.items()}
     import vllm
 
-    print(f"steady decode allocate_slots, vLLM {vllm.__version__}, {args.requests} requests x "
+    step = f"EAGLE ({args.eagle} drafts, lookahead {args.eagle}) " if args.eagle else ""
+    print(f"steady {step}decode allocate_slots, vLLM {vllm.__version__}, {args.requests} requests x "
           f"{args.rounds} steps, instructions a call (callgrind; the loop's share included)")
     print("| side | instructions a call | vs vLLM |")
     print("|---|---|---|")
