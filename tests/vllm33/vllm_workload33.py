@@ -161,6 +161,12 @@ class Workload(_v15.Workload):
     # Multi-module MTP: the drafter reads ``spec_tokens`` prefill tokens
     # ahead (``num_prefill_lookahead``; EAGLE-family otherwise: 1).
     multi_module_mtp: bool = False
+    # Lookahead block hashes (0.33 on, the engine's default for the EAGLE
+    # family with prefix caching and no connector): each hash also covers
+    # the prefill lookahead's tokens after its block, the manager is built
+    # without the EAGLE drop (``use_eagle_block_drop`` False) and the pool
+    # stores each block's lookahead tokens with it.
+    hash_lookahead: bool = False
     # A KV connector (one group whose block is the hash block): an external
     # store keeps the prompt blocks of every finished request, and an
     # admission adopts the stored blocks past its local hit as external
@@ -187,6 +193,13 @@ class Workload(_v15.Workload):
         if not self.eagle:
             return 0
         return self.spec_tokens if self.multi_module_mtp else 1
+
+    @property
+    def num_hash_lookahead_tokens(self) -> int:
+        """``VllmConfig.num_hash_lookahead_tokens`` (0.33 on)."""
+        if not (self.hash_lookahead and self.enable_caching and not self.connector):
+            return 0
+        return self.num_prefill_lookahead
 
 
 @dataclass
@@ -225,8 +238,8 @@ def make_manager(w: Workload, manager_class: type | None = None) -> KVCacheManag
         max_in_flight_tokens=w.token_budget,  # one batch in flight
         enable_caching=w.enable_caching,
         # (Scheduler: use_eagle_block_drop, the EAGLE family's unless
-        # lookahead hashes prove the boundary; none here)
-        use_eagle=getattr(w, "eagle", False),
+        # lookahead hashes prove the boundary)
+        use_eagle=getattr(w, "eagle", False) and not _hash_lookahead(w),
         log_stats=True,
         enable_kv_cache_events=w.enable_events,
         dcp_world_size=1,
@@ -237,7 +250,7 @@ def make_manager(w: Workload, manager_class: type | None = None) -> KVCacheManag
         watermark=w.watermark,
         **accepted(
             manager_class.__init__,
-            num_hash_lookahead_tokens=0,  # 0.33.0
+            num_hash_lookahead_tokens=_hash_lookahead(w),  # 0.33.0
             num_prefill_lookahead=getattr(w, "num_prefill_lookahead", 0),  # 0.28.0
             enable_mamba_fine_grained_prefix_cache=False,  # 0.30.0 only
             enable_mamba_shared_prefix_checkpoint=False,  # 0.31.0
@@ -261,9 +274,16 @@ def build_requests(w: Workload) -> list[Request]:
     return requests
 
 
+def _hash_lookahead(w: _v15.Workload) -> int:
+    return getattr(w, "num_hash_lookahead_tokens", 0)
+
+
 def request_block_hasher(w: _v15.Workload) -> Callable[[Request], list]:
-    """vLLM's own request block hasher at the workload's ``hash_block_size``,
-    as the engine makes it."""
+    """vLLM's own request block hasher at the workload's ``hash_block_size``
+    (and its lookahead, 0.33 on), as the engine makes it."""
+    if _hash_lookahead(w):
+        return kv_cache_utils.get_request_block_hasher(
+            w.hash_block_size, sha256, num_hash_lookahead_tokens=_hash_lookahead(w))
     return kv_cache_utils.get_request_block_hasher(w.hash_block_size, sha256)
 
 

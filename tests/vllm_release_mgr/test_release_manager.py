@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import os
 from collections.abc import Iterator
 from types import ModuleType
@@ -42,7 +43,7 @@ from _manager_trace import counters, events_broken, first_difference, free_order
 from _vllm_helpers import pool_in_vllm
 from vllm.distributed import kv_events as vllm_kv_events
 from vllm.v1.core import block_pool as vllm_block_pool
-from vllm.v1.core import kv_cache_coordinator
+from vllm.v1.core import kv_cache_coordinator, kv_cache_utils
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 
 import kvpool.vllm as kv_vllm
@@ -119,6 +120,23 @@ if LATE_DRIVER:
          {**connector, **eagle}),
     ):
         WORKLOADS[key] = base.scaled(name=name, num_requests=_n(n), num_blocks=NUM_BLOCKS, **changes)
+    if "num_hash_lookahead_tokens" in inspect.signature(
+        kv_cache_utils.get_request_block_hasher
+    ).parameters:
+        # 0.33 on, the engine's default for the EAGLE family (prefix caching
+        # on, no connector): lookahead block hashes, no EAGLE drop, each
+        # stored block's lookahead tokens in its event.
+        for key, base, n, name, changes in (
+            ("eagle-lookahead-hashes", vw.FULL, 300, "EAGLE, 3 drafts, lookahead block hashes (1)",
+             eagle),
+            ("mtp-lookahead-hashes", vw.FULL, 200,
+             "multi-module MTP, 3 drafts, lookahead block hashes (3)",
+             {**eagle, "multi_module_mtp": True}),
+            ("eagle+sliding-lookahead-hashes", vw.HYBRID, 200,
+             "EAGLE, full + sliding window, lookahead block hashes", eagle),
+        ):
+            WORKLOADS[key] = base.scaled(name=name, num_requests=_n(n), num_blocks=NUM_BLOCKS,
+                                         hash_lookahead=True, **changes)
     WORKLOADS["mamba-cow"] = vw.FULL.scaled(
         name="full attention + Mamba align: partial hits, copy-on-write",
         groups=(vw.Group("full", 64), vw.Group("mamba", 64)),
@@ -345,7 +363,10 @@ def test_kvpool_manager_against_vllm(workload: vw.Workload, request: pytest.Fixt
         else:
             assert m.kvpool_fallback_reason is None
             if key in _SPEC_WORKLOADS:
-                assert m.use_eagle == workload.eagle
+                # (lookahead hashes: no EAGLE drop, as the scheduler builds it)
+                assert m.use_eagle == (workload.eagle and not workload.num_hash_lookahead_tokens)
+                assert getattr(m.block_pool, "num_hash_lookahead_tokens", 0) \
+                    == workload.num_hash_lookahead_tokens
             counts = m._kvpool_plan.counts
             if getattr(workload, "connector", False):
                 # External tokens adopted in C.
@@ -364,8 +385,11 @@ def test_kvpool_manager_against_vllm(workload: vw.Workload, request: pytest.Fixt
                     assert counts["lookups"] > 0, counts
                     # ... and with events, the BlockStored of a request
                     # without LoRA is built in C (every 7th has one: the
-                    # line's own builder).
-                    if workload.enable_events:
+                    # line's own builder; so is every block's with
+                    # lookahead hashes, which carries its lookahead tokens).
+                    if workload.enable_events and not getattr(
+                        workload, "num_hash_lookahead_tokens", 0
+                    ):
                         assert counts["plain_events"] > 0, counts
                 # A full-attention block larger than the hash block may
                 # register a partial tail on any step: vLLM's code decides.
@@ -380,7 +404,9 @@ def test_kvpool_manager_against_vllm(workload: vw.Workload, request: pytest.Fixt
                     assert counts["common_prefix"] > 0, counts
 
 
-_SPEC_WORKLOADS = ("eagle", "eagle-1", "eagle+sliding", "mtp", "ngram", "connector+eagle")
+_SPEC_WORKLOADS = ("eagle", "eagle-1", "eagle+sliding", "mtp", "ngram", "connector+eagle",
+                   "eagle-lookahead-hashes", "mtp-lookahead-hashes",
+                   "eagle+sliding-lookahead-hashes")
 
 
 @pytest.mark.parametrize("key", ["eagle", "mtp"])
