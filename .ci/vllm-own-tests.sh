@@ -69,7 +69,11 @@ started=$SECONDS
 # is listed from the first release that has it (and, for
 # test_contiguous_kv_packing, builds a manager in it). From 0.30, where
 # kvpool has a KVCacheManager, also test_scheduler.py: the scheduler driving
-# the manager (about 10-40 s of CPU a release for both runs, 170-280 tests).
+# the manager (about 10-40 s of CPU a release for both runs, 170-280 tests),
+# and the scheduler-side KV-connector tests under tests/v1/kv_connector/unit
+# (remote prefill and decode lifecycles, failed loads and their recovery,
+# invalid blocks, error propagation: external tokens, delayed caching and
+# evictions through the manager; about 40 tests, 10-30 s).
 # Left out, with vLLM's pool too they need what this run does not have, or
 # are not about the pool:
 #   test_scheduler.py before 0.30 (no kvpool manager to test there),
@@ -103,7 +107,11 @@ case "$suite_version" in
         files="$files prefix_cache/test_partial_prefix_cache_hits.py test_swa_inflight_window_free.py" ;;&
     0.2[7-9].* | 0.3[0-9].*) files="$files test_mamba_align_chunk_split.py" ;;&
     0.29.* | 0.3[0-9].*) files="$files test_contiguous_kv_packing.py" ;;&
-    0.3[0-9].*) files="$files prefix_cache/test_mamba_eagle_resume_checkpoint.py test_scheduler.py" ;;&
+    0.3[0-9].*) files="$files prefix_cache/test_mamba_eagle_resume_checkpoint.py test_scheduler.py"
+        for f in remote_prefill_lifecycle remote_decode_lifecycle kv_load_failure_recovery \
+                 invalid_blocks_correctness error_propagation; do
+            files="$files ../kv_connector/unit/test_$f.py"
+        done ;;&
     0.1[6-9].* | 0.2[0-9].* | 0.3[0-9].*) ;;
     *) echo "!!!!! vllm-own-tests: no suite for vLLM '$version' !!!!!" >&2; exit 2 ;;
 esac
@@ -171,11 +179,13 @@ fi
 
 paths=()
 for f in $files; do
-    if [ ! -f "$tree/tests/v1/core/$f" ]; then
-        echo "!!!!! vllm-own-tests: vLLM $version has no tests/v1/core/$f !!!!!" >&2
+    f=tests/v1/core/$f
+    f=${f//core\/..\//}  # (tests/v1/core/../kv_connector/... -> tests/v1/kv_connector/...)
+    if [ ! -f "$tree/$f" ]; then
+        echo "!!!!! vllm-own-tests: vLLM $version has no $f !!!!!" >&2
         exit 1
     fi
-    paths+=("tests/v1/core/$f")
+    paths+=("$f")
 done
 work=$(mktemp -d "${TMPDIR:-/tmp}/kvpool-vllm-own.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -199,7 +209,7 @@ run() {  # MODE: one pytest run, its JUnit XML and log in $work
         HF_HOME="$work/hf" VLLM_TARGET_DEVICE=cpu \
         KVPOOL_SWAP=$swap PYTHONPATH=$pythonpath timeout "$limit" "$python" -m pytest \
         -p kvpool_swap -p cpu_without_triton -p no:cacheprovider -q -o addopts="" -o faulthandler_timeout=120 \
-        --confcutdir="$tree/tests/v1/core" --junitxml="$work/$mode.xml" "${paths[@]}") \
+        --confcutdir="$tree/tests/v1" --junitxml="$work/$mode.xml" "${paths[@]}") \
         > "$work/$mode.log" 2>&1 || rc=$?
     if [ "${rc:-0}" = 124 ]; then  # no XML: reported as a run that wrote no results
         echo "!!!!! vllm-own-tests: the $mode run of vLLM $version timed out after ${limit}s" \
