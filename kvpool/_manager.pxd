@@ -66,7 +66,7 @@ cdef class ManagerPlan:
     cdef object stored_cls        # None: the pool's own builder always
     cdef object stored_kwnames
     cdef int stored_codes[16]
-    cdef bint stored_lookahead    # 0.33: lookahead hashing off is checked per event
+    cdef bint stored_lookahead    # 0.33: the builder takes lookahead_token_ids
     # How the calls went, for tests and benchmarks (``ManagerPlan.counts``).
     cdef Py_ssize_t n_fast        # allocate_slots done here, adopting nothing
     cdef Py_ssize_t n_adopt       # ... adopting a prefix-cache hit

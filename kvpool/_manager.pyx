@@ -296,7 +296,8 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
 cdef dict _STORED_CODES = {
     "block_hashes": 0, "parent_block_hash": 1, "token_ids": 2, "block_size": 3,
     "group_idx": 4, "medium": 5, "session_id": 6, "extra_keys": 7,
-    "lora_id": 8, "lora_name": 8, "lookahead_token_ids": 8,  # None
+    "lora_id": 8, "lora_name": 8,  # None
+    "lookahead_token_ids": 9,  # None, or each block's lookahead tokens
 }
 
 
@@ -517,7 +518,7 @@ cdef int _core_caches(ManagerPlan p, _Group g, object request, object blocks,
     # BlockStored built by the line's own _build_block_stored_event, with the
     # line's extra keys and lookahead -- without the facade's Python between.
     cdef PoolCore core = <PoolCore> p.pool_core
-    cdef Py_ssize_t i, bs = g.block_size
+    cdef Py_ssize_t i, bs = g.block_size, lookahead = 0
     hashes = request.block_hashes
     if not core._events:
         core._cache_run33(blocks, cached, full, hashes, 1, g.group_id, bs, None, None, None)
@@ -536,9 +537,16 @@ cdef int _core_caches(ManagerPlan p, _Group g, object request, object blocks,
         h = _event_hash(<object> PyList_GET_ITEM(stored, i), use_int)
         Py_INCREF(h)
         PyList_SET_ITEM(converted, i, h)
-    if p.stored_cls is not None and _plain(p, pool, request):
+    # Lookahead block hashes (0.33 on): each stored block's event carries
+    # the tokens after it that its hash covers; built here when every block
+    # of the run was stored (a full-attention group has no null blocks).
+    if p.stored_lookahead:
+        lookahead = pool.num_hash_lookahead_tokens
+    if (p.stored_cls is not None and _plain(p, pool, request)
+            and (lookahead == 0 or n == full - cached)):
         pool.kv_event_queue.append(_plain_stored(
-            p, pool, request, converted, parent, cached * bs, full * bs, bs, g.group_id))
+            p, pool, request, converted, parent, cached * bs, full * bs, bs, g.group_id,
+            lookahead))
         p.n_plain_events += 1
         return 0
     indices = [i for i in range(cached, full) if not blocks[i].is_null]
@@ -714,11 +722,9 @@ cdef int _adopt(ManagerPlan p, object rid, object blocks, Py_ssize_t num_local_c
 
 cdef bint _plain(ManagerPlan p, object pool, object request) except -1:
     # The request has no extra keys (the facade's _event_extra_keys gives
-    # None per block) and no lookahead tokens (its _event_lookahead None).
-    # The four fields are _event_extra_keys' test in kvpool/v0_33/
-    # block_pool.py: change both together.
-    if p.stored_lookahead and getattr(pool, "num_hash_lookahead_tokens", 0):
-        return False
+    # None per block, with lookahead hashes too). The four fields are
+    # _event_extra_keys' test in kvpool/v0_33/block_pool.py: change both
+    # together.
     return not (
         request.lora_request
         or request.mm_features
@@ -729,22 +735,36 @@ cdef bint _plain(ManagerPlan p, object pool, object request) except -1:
 
 cdef object _plain_stored(ManagerPlan p, object pool, object request, list hashes,
                           object parent, Py_ssize_t start, Py_ssize_t end,
-                          Py_ssize_t block_size, Py_ssize_t group_id):
+                          Py_ssize_t block_size, Py_ssize_t group_id,
+                          Py_ssize_t lookahead):
     # The line's _build_block_stored_event for a plain request, its
     # keywords in its order: the hashes (already converted), the parent,
     # the tokens the blocks hold, the block size, the group, the medium, the
-    # session id, None per block as extra keys (None for no block), and
-    # None for LoRA and lookahead.
+    # session id, None per block as extra keys (None for no block), None
+    # for LoRA, and the lookahead tokens: None without lookahead hashes,
+    # else per block (each block of start..end stored) the ``lookahead``
+    # tokens after it, as the facade's _event_lookahead slices them.
     cdef PyObject *values[16]   # borrowed: every value is held by a local below
     cdef Py_ssize_t i, n = PyTuple_GET_SIZE(p.stored_kwnames)
+    cdef Py_ssize_t k, e, count
     # (typed: an untyped local assigned a C integer would be one)
-    cdef object tokens = request.all_token_ids[start:end]
+    cdef object all_tokens = request.all_token_ids
+    cdef object tokens = all_tokens[start:end]
+    cdef object ahead = None
+    if lookahead > 0:
+        count = (end - start) // block_size
+        ahead = PyList_New(count)
+        for k in range(count):
+            e = start + (k + 1) * block_size
+            item = all_tokens[e:e + lookahead]
+            Py_INCREF(item)
+            PyList_SET_ITEM(ahead, k, item)
     cdef object size = block_size
     cdef object gid = group_id
     cdef object medium = pool._event_medium
     cdef object session = request.session_id
     cdef object extra = [None] * PyList_GET_SIZE(hashes) if PyList_GET_SIZE(hashes) else None
-    cdef PyObject *by_code[9]   # in _STORED_CODES' order
+    cdef PyObject *by_code[10]   # in _STORED_CODES' order
     by_code[0] = <PyObject *> hashes
     by_code[1] = <PyObject *> parent
     by_code[2] = <PyObject *> tokens
@@ -754,8 +774,9 @@ cdef object _plain_stored(ManagerPlan p, object pool, object request, list hashe
     by_code[6] = <PyObject *> session
     by_code[7] = <PyObject *> extra
     by_code[8] = <PyObject *> None
+    by_code[9] = <PyObject *> ahead
     for i in range(n):
-        values[i] = by_code[p.stored_codes[i]]  # a code is 0..8 (_plan_stored_events)
+        values[i] = by_code[p.stored_codes[i]]  # a code is 0..9 (_plan_stored_events)
     return PyObject_Vectorcall(p.stored_cls, values, 0, p.stored_kwnames)
 
 
