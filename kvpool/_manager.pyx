@@ -821,7 +821,9 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     computed += new_computed  # num_local_computed_tokens
     rid = request.request_id
     adopt = _to_adopt(p, rid, new_computed_blocks, computed)
-    if adopt is _VLLM or (ext > 0 and not _takes_external(p, rid)):
+    # (a hit to adopt: _to_adopt has seen the request hold no blocks and not
+    # run, what _takes_external checks)
+    if adopt is _VLLM or (ext > 0 and adopt is None and not _takes_external(p, rid)):
         p.n_base += 1
         return _VLLM
     # From here on this is vLLM's allocate_slots, in its order.
