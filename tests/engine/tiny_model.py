@@ -44,7 +44,6 @@ def make_model(directory: Path | str, *, seed: int = 1234, layers: int | None = 
     ``sliding_window``: every other layer becomes a sliding-window layer
     (a full + sliding-window model), where the model class supports it."""
     import torch
-    from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -57,38 +56,40 @@ def make_model(directory: Path | str, *, seed: int = 1234, layers: int | None = 
             "sliding_attention" if i % 2 else "full_attention"
             for i in range(config["num_hidden_layers"])
         ]
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    head_dim = config["head_dim"]
-    q_out = config["num_attention_heads"] * head_dim
-    kv_out = config["num_key_value_heads"] * head_dim
-    vocab = config["vocab_size"]
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    normal = _normal(seed)
+    tensors = {"model.embed_tokens.weight": normal(_STD["embed"], vocab, hidden)}
+    for i in range(config["num_hidden_layers"]):
+        tensors.update(_layer(normal, config, f"model.layers.{i}.", qkv_in=hidden))
+    tensors["model.norm.weight"] = torch.ones(hidden)
+    tensors["lm_head.weight"] = normal(_STD["head"], vocab, hidden)
+    _save(directory, tensors, config)
+    return directory
+
+
+def _normal(seed: int):
+    """``normal(std, *shape)``: seeded random tensors, one generator a model."""
+    import torch
+
     gen = torch.Generator().manual_seed(seed)
 
     def normal(std: float, *shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, dtype=torch.float32) * std
 
-    tensors = {"model.embed_tokens.weight": normal(_STD["embed"], vocab, hidden)}
-    for i in range(config["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        tensors[p + "self_attn.q_proj.weight"] = normal(_STD["q"], q_out, hidden)
-        tensors[p + "self_attn.k_proj.weight"] = normal(_STD["k"], kv_out, hidden)
-        tensors[p + "self_attn.v_proj.weight"] = normal(_STD["v"], kv_out, hidden)
-        tensors[p + "self_attn.o_proj.weight"] = normal(_STD["o"], hidden, q_out)
-        tensors[p + "mlp.gate_proj.weight"] = normal(_STD["mlp"], inter, hidden)
-        tensors[p + "mlp.up_proj.weight"] = normal(_STD["mlp"], inter, hidden)
-        tensors[p + "mlp.down_proj.weight"] = normal(_STD["mlp"], hidden, inter)
-        tensors[p + "input_layernorm.weight"] = torch.ones(hidden)
-        tensors[p + "post_attention_layernorm.weight"] = torch.ones(hidden)
-    tensors["model.norm.weight"] = torch.ones(hidden)
-    tensors["lm_head.weight"] = normal(_STD["head"], vocab, hidden)
+    return normal
+
+
+def _save(directory: Path, tensors: dict, config: dict) -> None:
+    from safetensors.torch import save_file
+
     save_file(tensors, str(directory / "model.safetensors"))
     (directory / "config.json").write_text(json.dumps(config, indent=2))
-    return directory
 
 
-def _draft_layer(normal, config: dict, prefix: str, *, qkv_in: int, input_norm: bool) -> dict:
-    """One Llama decoder layer's weights under ``prefix`` (q/k/v read
-    ``qkv_in`` features: EAGLE-3 feeds them the embedding and hidden state)."""
+def _layer(normal, config: dict, prefix: str, *, qkv_in: int, input_norm: bool = True) -> dict:
+    """One Llama decoder layer's weights under ``prefix``, drawn in one fixed
+    order (q/k/v read ``qkv_in`` features: EAGLE-3 feeds them the embedding
+    and hidden state; an EAGLE-1 draft's layer has no input norm)."""
     import torch
 
     hidden, inter, head_dim = config["hidden_size"], config["intermediate_size"], config["head_dim"]
@@ -102,10 +103,10 @@ def _draft_layer(normal, config: dict, prefix: str, *, qkv_in: int, input_norm: 
         prefix + "mlp.gate_proj.weight": normal(_STD["mlp"], inter, hidden),
         prefix + "mlp.up_proj.weight": normal(_STD["mlp"], inter, hidden),
         prefix + "mlp.down_proj.weight": normal(_STD["mlp"], hidden, inter),
-        prefix + "post_attention_layernorm.weight": torch.ones(hidden),
     }
     if input_norm:
         tensors[prefix + "input_layernorm.weight"] = torch.ones(hidden)
+    tensors[prefix + "post_attention_layernorm.weight"] = torch.ones(hidden)
     return tensors
 
 
@@ -118,17 +119,12 @@ def make_eagle_draft(directory: Path | str, *, eagle3: bool = False, seed: int =
     over the hidden states of the target's two layers, its own norm and
     head)."""
     import torch
-    from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = dict(CONFIG, num_hidden_layers=1)
     hidden, vocab = config["hidden_size"], config["vocab_size"]
-    gen = torch.Generator().manual_seed(seed)
-
-    def normal(std: float, *shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen, dtype=torch.float32) * std
-
+    normal = _normal(seed)
     if eagle3:
         config.update(
             architectures=["LlamaForCausalLMEagle3"],
@@ -137,16 +133,15 @@ def make_eagle_draft(directory: Path | str, *, eagle3: bool = False, seed: int =
             eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1],
                           "use_aux_hidden_state": True},
         )
-        tensors = _draft_layer(normal, config, "midlayer.", qkv_in=2 * hidden, input_norm=True)
+        tensors = _layer(normal, config, "midlayer.", qkv_in=2 * hidden)
         tensors["midlayer.hidden_norm.weight"] = torch.ones(hidden)
         tensors["fc.weight"] = normal(0.1, hidden, 2 * hidden)
         tensors["norm.weight"] = torch.ones(hidden)
         tensors["lm_head.weight"] = normal(_STD["head"], vocab, hidden)
     else:
-        tensors = _draft_layer(normal, config, "layers.0.", qkv_in=hidden, input_norm=False)
+        tensors = _layer(normal, config, "layers.0.", qkv_in=hidden, input_norm=False)
         tensors["fc.weight"] = normal(0.1, hidden, 2 * hidden)
-    save_file(tensors, str(directory / "model.safetensors"))
-    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    _save(directory, tensors, config)
     return directory
 
 
@@ -155,7 +150,6 @@ def make_mtp_model(directory: Path | str, *, seed: int = 2468) -> Path:
     biases) with one multi-token-prediction layer (``model.mtp_layers.0``),
     seeded random: vLLM's ``{"method": "mtp"}`` drafts with that layer."""
     import torch
-    from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -163,17 +157,14 @@ def make_mtp_model(directory: Path | str, *, seed: int = 2468) -> Path:
                   num_nextn_predict_layers=1)
     config.pop("head_dim")  # Qwen2: hidden / heads (32)
     hidden, vocab = config["hidden_size"], config["vocab_size"]
-    gen = torch.Generator().manual_seed(seed)
-
-    def normal(std: float, *shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen, dtype=torch.float32) * std
+    normal = _normal(seed)
 
     layer_config = dict(config, head_dim=CONFIG["head_dim"])
     kv_out = config["num_key_value_heads"] * CONFIG["head_dim"]
     q_out = config["num_attention_heads"] * CONFIG["head_dim"]
 
     def layer(prefix: str) -> dict:
-        tensors = _draft_layer(normal, layer_config, prefix, qkv_in=hidden, input_norm=True)
+        tensors = _layer(normal, layer_config, prefix, qkv_in=hidden)
         tensors[prefix + "self_attn.q_proj.bias"] = normal(0.1, q_out)
         tensors[prefix + "self_attn.k_proj.bias"] = normal(0.1, kv_out)
         tensors[prefix + "self_attn.v_proj.bias"] = normal(0.1, kv_out)
@@ -190,6 +181,5 @@ def make_mtp_model(directory: Path | str, *, seed: int = 2468) -> Path:
     tensors[mtp + "input_proj.weight"] = normal(0.1, hidden, 2 * hidden)
     tensors["model.norm.weight"] = torch.ones(hidden)
     tensors["lm_head.weight"] = normal(_STD["head"], vocab, hidden)
-    save_file(tensors, str(directory / "model.safetensors"))
-    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    _save(directory, tensors, config)
     return directory
