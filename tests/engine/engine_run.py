@@ -193,6 +193,19 @@ def install_leaky() -> None:
     kv_cache_coordinator.BlockPool = LeakyBlockPool
 
 
+def _installed_manager():
+    """Install kvpool; the scheduler module and the KVCacheManager class it
+    builds, which must be kvpool's (a planted manager subclasses it)."""
+    import kvpool.vllm
+    from vllm.v1.core.sched import scheduler
+
+    kvpool.vllm.install()
+    base = scheduler.KVCacheManager
+    if not base.__module__.startswith("kvpool."):
+        raise RuntimeError(f"kvpool's manager is not installed (the scheduler builds {base})")
+    return scheduler, base
+
+
 def install_broken_manager(every: int, external_only: bool = False) -> None:
     """Install kvpool, then rebind the scheduler's KVCacheManager to kvpool's
     manager broken in one detail: every ``every``-th ``allocate_slots`` leaves
@@ -202,13 +215,7 @@ def install_broken_manager(every: int, external_only: bool = False) -> None:
     ``external_only`` (``KVPOOL_ENGINE_BROKEN_MANAGER=external``): only the
     calls that adopt a KV connector's external tokens, every one of them --
     the blocks a synchronous load fills are left uncached."""
-    import kvpool.vllm
-    from vllm.v1.core.sched import scheduler
-
-    kvpool.vllm.install()
-    base = scheduler.KVCacheManager
-    if not base.__module__.startswith("kvpool."):
-        raise RuntimeError(f"kvpool's manager is not installed (the scheduler builds {base})")
+    scheduler, base = _installed_manager()
     calls = [0]
 
     class BrokenKVCacheManager(base):  # type: ignore[misc, valid-type]
@@ -231,14 +238,9 @@ def install_keeps_eagle_block() -> None:
     manager whose prefix-cache lookup reads an empty EAGLE drop set, so it
     keeps the last hit block (``KVPOOL_ENGINE_KEEP_EAGLE_BLOCK``: the proof
     that the EAGLE comparison sees the drop)."""
-    import kvpool.vllm
     from vllm.v1.core import kv_cache_coordinator
-    from vllm.v1.core.sched import scheduler
 
-    kvpool.vllm.install()
-    base = scheduler.KVCacheManager
-    if not base.__module__.startswith("kvpool."):
-        raise RuntimeError(f"kvpool's manager is not installed (the scheduler builds {base})")
+    scheduler, base = _installed_manager()
     kv_cache_coordinator.KVCacheCoordinator._kvpool_planted_no_drop = frozenset()
 
     class KeepsTheEagleBlock(base):  # type: ignore[misc, valid-type]
