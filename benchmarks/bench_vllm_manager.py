@@ -45,7 +45,6 @@ import argparse
 import cProfile
 import gc
 import importlib
-import inspect
 import logging
 import os
 import platform
@@ -105,9 +104,7 @@ if hasattr(vw.FULL, "spec_tokens"):  # the 0.26+ driver: speculative decoding
     )
     # A KV connector: external hits, asynchronous loads, failed loads, aborts.
     WORKLOADS["connector"] = vw.FULL.scaled(name="KV connector", connector=True)
-if hasattr(vw.FULL, "hash_lookahead") and "num_hash_lookahead_tokens" in inspect.signature(
-    vw.kv_cache_utils.get_request_block_hasher
-).parameters:
+if getattr(vw, "HASH_LOOKAHEAD", False):
     # 0.33 on: EAGLE as the engine runs it by default, with lookahead block
     # hashes (no dropped block; each BlockStored carries its lookahead token).
     WORKLOADS["eagle-hashes"] = vw.FULL.scaled(

@@ -70,6 +70,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import inspect
 import os
 import random
 import sys
@@ -107,6 +108,12 @@ from vllm_workload import (  # noqa: E402
 __all__ = ["VOCAB", "Group", "Workload", "Run", "run", "build_requests", "make_manager"]
 
 VLLM_LINE = "0.33"
+
+#: Whether the loaded release hashes blocks with lookahead tokens (0.33 on:
+#: ``Workload.hash_lookahead`` then means something).
+HASH_LOOKAHEAD = "num_hash_lookahead_tokens" in inspect.signature(
+    kv_cache_utils.get_request_block_hasher
+).parameters
 
 
 @dataclass(frozen=True)
@@ -281,9 +288,10 @@ def _hash_lookahead(w: _v15.Workload) -> int:
 def request_block_hasher(w: _v15.Workload) -> Callable[[Request], list]:
     """vLLM's own request block hasher at the workload's ``hash_block_size``
     (and its lookahead, 0.33 on), as the engine makes it."""
-    if _hash_lookahead(w):
+    lookahead = _hash_lookahead(w)
+    if lookahead:
         return kv_cache_utils.get_request_block_hasher(
-            w.hash_block_size, sha256, num_hash_lookahead_tokens=_hash_lookahead(w))
+            w.hash_block_size, sha256, num_hash_lookahead_tokens=lookahead)
     return kv_cache_utils.get_request_block_hasher(w.hash_block_size, sha256)
 
 
@@ -439,11 +447,8 @@ def run(
                 if w.failed_load_every and n % w.failed_load_every == 0:
                     # Failed halfway: the blocks from there are evicted, the
                     # valid prefix is cached (or, none, the request freed).
-                    bs = w.hash_block_size
-                    first = (local + (req.num_computed_tokens - local) // 2) // bs
-                    ids = mgr.get_block_ids(req.request_id)[0]
-                    mgr.evict_blocks(set(ids[first : req.num_computed_tokens // bs]))
-                    req.num_computed_tokens = first * bs
+                    req.num_computed_tokens = _fail_load(
+                        w, mgr, req, local, req.num_computed_tokens)
                     if req.num_computed_tokens:
                         mgr.cache_blocks(req, req.num_computed_tokens)
                     else:
@@ -681,15 +686,11 @@ def run(
                 local = failing.pop(req.request_id, None)
                 if local is None:
                     continue
-                bs = w.hash_block_size
-                external_end = req.num_computed_tokens - num_new
-                first = (local + (external_end - local) // 2) // bs
                 t0 = clock()
-                ids = mgr.get_block_ids(req.request_id)[0]
-                mgr.evict_blocks(set(ids[first : external_end // bs]))
+                req.num_computed_tokens = _fail_load(
+                    w, mgr, req, local, req.num_computed_tokens - num_new)
                 spent += clock() - t0
                 calls += 2
-                req.num_computed_tokens = first * bs
                 dropped.add(req.request_id)
                 out.failed_loads += 1
                 if record:
@@ -782,6 +783,19 @@ def _reserve_prefill_lookahead(
     if 0 < remaining < lookahead:
         num_new -= lookahead - remaining
     return max(num_new, 0)
+
+
+def _fail_load(w: _v15.Workload, mgr: KVCacheManager, req: Request, local: int,
+               external_end: int) -> int:
+    """A KV load that failed halfway through the external tokens (those
+    from ``local`` to ``external_end``): the request's blocks from there on
+    are evicted (``get_block_ids``, ``evict_blocks``); the tokens still
+    valid, the block-aligned start of the failure."""
+    bs = w.hash_block_size
+    first = (local + (external_end - local) // 2) // bs
+    ids = mgr.get_block_ids(req.request_id)[0]
+    mgr.evict_blocks(set(ids[first : external_end // bs]))
+    return first * bs
 
 
 def _external_hit(w: _v15.Workload, req: Request, num_local: int, store: set) -> int:

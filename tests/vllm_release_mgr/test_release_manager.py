@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import inspect
 import os
 from collections.abc import Iterator
 from types import ModuleType
@@ -43,7 +42,7 @@ from _manager_trace import counters, events_broken, first_difference, free_order
 from _vllm_helpers import pool_in_vllm
 from vllm.distributed import kv_events as vllm_kv_events
 from vllm.v1.core import block_pool as vllm_block_pool
-from vllm.v1.core import kv_cache_coordinator, kv_cache_utils
+from vllm.v1.core import kv_cache_coordinator
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 
 import kvpool.vllm as kv_vllm
@@ -120,9 +119,7 @@ if LATE_DRIVER:
          {**connector, **eagle}),
     ):
         WORKLOADS[key] = base.scaled(name=name, num_requests=_n(n), num_blocks=NUM_BLOCKS, **changes)
-    if "num_hash_lookahead_tokens" in inspect.signature(
-        kv_cache_utils.get_request_block_hasher
-    ).parameters:
+    if vw.HASH_LOOKAHEAD:
         # 0.33 on, the engine's default for the EAGLE family (prefix caching
         # on, no connector): lookahead block hashes, no EAGLE drop, each
         # stored block's lookahead tokens in its event.
