@@ -1,3 +1,5 @@
+from libc.stdint cimport uint32_t
+
 # Data layout of the compiled KV-cache manager paths (see _manager.pyx for
 # the why). The pool's data is the core's: _manager.pyx cimports PoolCore.
 
@@ -24,6 +26,21 @@ cdef class _Group:
     cdef Py_ssize_t group_id      # kv_cache_group_id
     cdef bint direct_cache        # its cache_blocks is done in C (see _cache)
     cdef bint estimates           # estimate_cached_tokens counts its blocks
+
+
+cdef class _SpecGroup:
+    # One entry of the lookup: the groups of one spec, looked up together
+    # (vLLM's hybrid coordinator's SpecGroup, or the unitary coordinator's
+    # one group), full attention left to right, a window right to left.
+    cdef list group_ids           # the kv_cache_group_ids, one list as in vLLM
+    cdef Py_ssize_t ngids
+    cdef bint sliding
+    cdef bint drop_eagle          # EAGLE / MTP: its lookup drops the last hit block
+    cdef Py_ssize_t window_blocks # sliding: cdiv(sliding_window - 1, block_size)
+    # The group ids as the core's hash map keys them, when there are at most
+    # 8 (the lookup then reads the core's map itself: see _hits).
+    cdef bint small
+    cdef uint32_t gids[8]
 
 
 cdef class ManagerPlan:
@@ -78,7 +95,13 @@ cdef class ManagerPlan:
     cdef Py_ssize_t n_plain_events  # BlockStored events built here
     cdef Py_ssize_t n_lookups     # get_computed_blocks done here
     cdef Py_ssize_t n_common      # get_num_common_prefix_blocks done here
-    cdef bint lookup_direct       # get_computed_blocks in C (see plan_for)
     cdef bint common_direct       # get_num_common_prefix_blocks in C (0.30, 0.31)
+    cdef bint drop_eagle          # the unitary coordinator's group drops its last hit block (EAGLE / MTP)
+    # get_computed_blocks in C (see _plan_lookup): the spec groups in vLLM's
+    # order (full attention first), every block lookup_block_size, the hash
+    # block and the hit alignment.
     cdef Py_ssize_t lookup_block_size
-    cdef bint drop_eagle          # the direct lookup drops its last hit block (EAGLE / MTP)
+    cdef tuple lookup_specs       # of _SpecGroup; None: not done here
+    cdef bint lookup_hybrid       # the hybrid coordinator's (reports the uncached prefix)
+    cdef bint margin_to_hashes    # 0.32 on: EAGLE's margin capped at the hashed tokens
+    cdef bint map_direct          # the pool's get_cached_block is the compiled core's

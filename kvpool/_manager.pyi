@@ -27,6 +27,7 @@ def plan_for(
     pool_event_extra_keys: Any | None = None,
     common_prefix_blocks: Any | None = None,
     eagle_drop_attr: str = "drop_eagle_group_ids",
+    eagle_margin_to_hashes: bool = True,
 ) -> tuple[ManagerPlan, None] | tuple[None, str]: ...
 def refresh(self: Any) -> None: ...
 def allocate_slots(

@@ -36,6 +36,7 @@ other case to vLLM's own code. Why this shape:
 """
 
 cimport cython
+from libc.stdint cimport uint32_t
 from cpython.dict cimport PyDict_Contains, PyDict_GetItemWithError
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.object cimport PyObject, PyObject_GetItem
@@ -43,10 +44,10 @@ from cpython.ref cimport Py_INCREF
 from cpython.exc cimport PyErr_Occurred
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_Check, PyBytes_CheckExact, PyBytes_GET_SIZE
 from cpython.long cimport PyLong_FromUnsignedLongLong
 
-from kvpool._core cimport KVCacheBlock, PoolCore, _be_tail
+from kvpool._core cimport BlockHashToBlockMap, KVCacheBlock, PoolCore, _be_tail
 
 from kvpool.hashing import _use_int_block_hashes
 from kvpool.hashing import maybe_convert_block_hash as _maybe_convert_block_hash
@@ -106,6 +107,11 @@ cdef class _Group:
 
 
 @cython.final
+cdef class _SpecGroup:
+    pass
+
+
+@cython.final
 cdef class ManagerPlan:
     """What kvpool's manager paths read of a ``KVCacheManager`` that does not
     change while it lives (see ``plan_for``)."""
@@ -146,7 +152,7 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
              coordinator_classes, unitary_cls, hybrid_cls, bint cap_at_hashed, bint trims_null_head,
              bint has_prefill_end, bint zero_chunk_adopts, str cap_attr, pool_cache_full_blocks,
              pool_new_blocks_with_hooks, pool_event_extra_keys=None, common_prefix_blocks=None,
-             str eagle_drop_attr="drop_eagle_group_ids"):
+             str eagle_drop_attr="drop_eagle_group_ids", bint eagle_margin_to_hashes=True):
     """``(plan, None)`` if ``manager`` (a vLLM ``KVCacheManager``, built) is in
     the scope of these paths, else ``(None, reason)``.
 
@@ -160,14 +166,17 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     ``eagle_drop_attr`` set (0.33 on: ``drop_eagle_group_ids``, empty when
     lookahead hashes prove the boundary; 0.30-0.32: ``eagle_group_ids``);
     every other EAGLE difference is in code these paths hand to vLLM
-    (sliding-window and hybrid lookups, sliding-window and Mamba block
-    masks, the hybrid coordinator's cacheable tokens). The line's differences: ``cap_at_hashed`` (0.33: a group
+    (sliding-window and Mamba block masks, the hybrid coordinator's
+    cacheable tokens), or in the lookup of a sliding window (see
+    ``_plan_lookup``). The line's differences: ``cap_at_hashed`` (0.33: a group
     caches no further than the request's hashed tokens); ``trims_null_head``
     (0.33: ``free`` drops a table's leading null blocks); ``has_prefill_end``
     (0.31 on: the coordinator's ``get_num_blocks_to_allocate`` takes it);
     ``zero_chunk_adopts`` (0.31 on: ``allocate_slots`` takes a chunk of no
     new tokens that adopts computed ones; 0.30 raises);
-    ``cap_attr``, the name of a sliding-window manager's admission cap.
+    ``cap_attr``, the name of a sliding-window manager's admission cap;
+    ``eagle_margin_to_hashes`` (0.32 on: the hybrid lookup's EAGLE margin
+    reaches at most the hashed tokens; 0.30, 0.31: the lookup's bound).
     ``pool_cache_full_blocks``: kvpool's facade method whose work, without
     events, the core's ``_cache_run33`` does (called directly if the pool's
     class has it); ``pool_new_blocks_with_hooks``: the facade's
@@ -268,19 +277,15 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     p.hybrid = type(coordinator) is hybrid_cls
     p.cap_at_hashed = cap_at_hashed
     p.trims_null_head = trims_null_head
-    # get_computed_blocks in C: one full-attention group of the unitary
-    # coordinator, its block the hash block and the hit alignment.
-    g = <_Group> p.groups[0] if p.ngroups == 1 else None
-    p.lookup_direct = (
-        type(coordinator) is unitary_cls
-        and g is not None
-        and not g.sliding
-        and g.block_size == p.hash_block_size == coordinator.block_size
-        and type(g.mgr).find_longest_cache_hit.__func__ is full_cls.find_longest_cache_hit.__func__
-    )
-    p.lookup_block_size = g.block_size if g is not None else 1
+    p.lookup_block_size = 1
     # vLLM's unitary coordinator: drop_eagle_block=0 in <that set>.
     p.drop_eagle = 0 in getattr(coordinator, eagle_drop_attr)
+    p.margin_to_hashes = eagle_margin_to_hashes
+    p.map_direct = (
+        p.pool_core is not None
+        and getattr(type(pool), "get_cached_block", None) is PoolCore.get_cached_block
+    )
+    _plan_lookup(p, coordinator, full_cls, sliding_cls, unitary_cls, hybrid_cls)
     p.common_direct = (
         common_prefix_blocks is not None
         and getattr(type(coordinator), "get_num_common_prefix_blocks", None) is common_prefix_blocks
@@ -290,6 +295,74 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     if p.hash_block_size <= 0:
         return None, "a hash block size that is not positive"
     return p, None
+
+
+cdef _SpecGroup _spec_group(list group_ids, bint sliding, bint drop_eagle, Py_ssize_t window,
+                            Py_ssize_t block_size):
+    cdef _SpecGroup s = _SpecGroup.__new__(_SpecGroup)
+    s.group_ids = list(group_ids)
+    s.ngids = len(group_ids)
+    s.sliding = sliding
+    s.drop_eagle = drop_eagle
+    s.window_blocks = _cdiv(window - 1, block_size) if sliding else 0
+    s.small = s.ngids <= 8 and all(isinstance(g, int) and 0 <= g <= 0xFFFFFFFF for g in group_ids)
+    if s.small:
+        for j in range(s.ngids):
+            s.gids[j] = <uint32_t> group_ids[j]
+    return s
+
+
+cdef int _plan_lookup(ManagerPlan p, object coordinator, object full_cls, object sliding_cls,
+                      object unitary_cls, object hybrid_cls) except -1:
+    # get_computed_blocks in C where vLLM's lookup is one pass: the unitary
+    # coordinator over one full-attention or sliding-window group, or the
+    # hybrid coordinator's "simple hybrid" (one spec of full attention, then
+    # one of a sliding window), every group's block the hash block and the
+    # hit alignment (no fine-grained hits, no re-alignment after a drop), no
+    # group retaining longer hits (every group's class is exactly vLLM's, so
+    # the finders are vLLM's). lookup_specs stays None otherwise, and
+    # vLLM's method looks up.
+    cdef _Group g
+    if p.ngroups == 0:
+        return 0
+    cdef Py_ssize_t bs = (<_Group> p.groups[0]).block_size
+    for x in p.groups:
+        g = <_Group> x
+        if g.block_size != bs or getattr(g.mgr, "retains_longer_hit", False):
+            return 0
+    if bs != p.hash_block_size or getattr(coordinator, "enable_partial_hash_hits", False):
+        return 0
+    g = <_Group> p.groups[0]
+    if type(coordinator) is unitary_cls:
+        if p.ngroups != 1 or coordinator.block_size != bs:
+            return 0
+        p.lookup_specs = (
+            _spec_group([0], g.sliding, p.drop_eagle,
+                        g.mgr.kv_cache_spec.sliding_window if g.sliding else 0, bs),
+        )
+        p.lookup_hybrid = False
+        p.lookup_block_size = bs
+        return 0
+    if type(coordinator) is not hybrid_cls or coordinator._cache_hit_alignment_tokens != bs:
+        return 0
+    specs = coordinator.attention_groups
+    if len(specs) != 2:
+        return 0
+    full, window = specs[0], specs[1]
+    if not any(c.__name__ == "FullAttentionSpec" for c in type(full.spec).__mro__) \
+            or full.manager_cls is not full_cls or window.manager_cls is not sliding_cls:
+        return 0
+    if sorted(list(full.group_ids) + list(window.group_ids)) != list(range(p.ngroups)):
+        return 0
+    p.lookup_specs = (
+        _spec_group(full.group_ids, False, bool(full.use_eagle), 0, bs),
+        _spec_group(window.group_ids, True, bool(window.use_eagle), window.spec.sliding_window, bs),
+    )
+    p.lookup_hybrid = True
+    p.lookup_block_size = bs
+    if not all((<_SpecGroup> x).small for x in p.lookup_specs):
+        p.lookup_specs = None   # (more than 8 groups of a spec: vLLM's lookup)
+    return 0
 
 
 # What each keyword of a plain request's BlockStored is (_plain_stored).
@@ -1026,27 +1099,168 @@ def get_block_ids(self, allow_none=False, *, group_ids=None):
     return out
 
 
+cdef int _probe(ManagerPlan p, _SpecGroup s, object get_cached_block, PyObject *block_hash,
+                PyObject **hit, list holder) except -1:
+    # The pool's get_cached_block(block_hash, s.group_ids): 1 with each
+    # group's block in hit (borrowed: use them before the next probe), 0 on
+    # a miss (all or nothing, as the method). Read off the compiled core's
+    # map when the pool's method is the core's and the hash is bytes;
+    # otherwise the pool's method, its list kept alive in holder[0].
+    cdef BlockHashToBlockMap cache
+    cdef Py_ssize_t j
+    if p.map_direct and s.small and PyBytes_Check(<object> block_hash):
+        cache = (<PoolCore> p.pool_core)._map
+        for j in range(s.ngids):
+            hit[j] = cache.get_hg_ptr(block_hash, s.gids[j])
+            if hit[j] == NULL:
+                return 0
+        return 1
+    cached = get_cached_block(<object> block_hash, s.group_ids)
+    if not cached:
+        return 0
+    if not PyList_CheckExact(cached) or PyList_GET_SIZE(cached) != s.ngids or s.ngids > 8:
+        raise TypeError("the pool's get_cached_block returned no list of a block per group")
+    holder[0] = cached
+    for j in range(s.ngids):
+        hit[j] = PyList_GET_ITEM(cached, j)
+    return 1
+
+
+cdef inline int _append_hit(_SpecGroup s, list out, PyObject **hit) except -1:
+    cdef Py_ssize_t j
+    for j in range(s.ngids):
+        (<list> PyList_GET_ITEM(out, j)).append(<object> hit[j])
+    return 0
+
+
+cdef Py_ssize_t _find_full(ManagerPlan p, _SpecGroup s, list hashes, Py_ssize_t max_length,
+                           bint drop, list out) except -1:
+    # FullAttentionManager.find_longest_cache_hit, the block the hash block
+    # and the alignment: a walk from the first hash to the first miss (a
+    # miss means every later block misses: the hashes are chained), the last
+    # hit block dropped under EAGLE. Appends each group's blocks to out's
+    # lists; returns the hit length.
+    cdef Py_ssize_t i, j, k = 0, n = max_length // p.lookup_block_size
+    cdef PyObject *hit[8]
+    cdef list holder = [None]
+    if n > PyList_GET_SIZE(hashes):
+        n = PyList_GET_SIZE(hashes)
+    get_cached_block = p.pool.get_cached_block
+    for i in range(n):
+        if not _probe(p, s, get_cached_block, PyList_GET_ITEM(hashes, i), hit, holder):
+            break
+        _append_hit(s, out, hit)
+        k += 1
+    if drop and k > 0:
+        k -= 1
+        for j in range(s.ngids):
+            del (<list> PyList_GET_ITEM(out, j))[k:]
+    return k * p.lookup_block_size
+
+
+cdef Py_ssize_t _find_sliding(ManagerPlan p, _SpecGroup s, list hashes, Py_ssize_t max_length,
+                              bint drop, list out) except -2:
+    # SlidingWindowManager.find_longest_cache_hit, the block the hash block
+    # and the alignment: from the right, the first run of window_blocks
+    # contiguous hits (one more under EAGLE, then dropped); with no such
+    # run, the run that starts at block 0. Fills out's lists (null blocks
+    # before the run); returns the hit length, or -1 where vLLM's would
+    # index past the hashes (vLLM's method then raises as it does).
+    cdef Py_ssize_t i, j, m, nrun = 0, start = 0, keep
+    cdef Py_ssize_t n = max_length // p.lookup_block_size
+    cdef Py_ssize_t need = s.window_blocks + drop
+    cdef PyObject *hit[8]
+    cdef list holder = [None]
+    if n > PyList_GET_SIZE(hashes):
+        return -1
+    get_cached_block = p.pool.get_cached_block
+    for i in range(n - 1, -1, -1):
+        if _probe(p, s, get_cached_block, PyList_GET_ITEM(hashes, i), hit, holder):
+            nrun += 1
+            if nrun >= need:
+                start = i
+                break
+        else:
+            nrun = 0
+    # Found: blocks [start, start + nrun); not found: the run (if any) that
+    # reached block 0, so start is 0. EAGLE pops the last block of the list.
+    # The run is remembered by its length and its blocks read again (the
+    # pool is as it was: nothing that changes it ran in between).
+    keep = nrun
+    if drop and start + nrun > 0:
+        keep -= 1
+    if start:
+        for j in range(s.ngids):
+            (<list> PyList_GET_ITEM(out, j)).extend([p.null_block] * start)
+    for m in range(start, start + keep):
+        if not _probe(p, s, get_cached_block, PyList_GET_ITEM(hashes, m), hit, holder):
+            raise RuntimeError("the prefix cache changed during a lookup")
+        _append_hit(s, out, hit)
+    return (start + keep) * p.lookup_block_size
+
+
+cdef object _lookup_specs(ManagerPlan p, list hashes, Py_ssize_t max_length):
+    # The coordinator's find_longest_cache_hit over p.lookup_specs: (blocks
+    # of each group, hit length, uncached common prefix), or _VLLM. The
+    # unitary coordinator: its group's finder at the bound. The hybrid
+    # coordinator's simple hybrid is one pass: full attention at the bound,
+    # then the window at full attention's hit; a group that drops an EAGLE
+    # block looks one block further (to the bound, 0.30-0.31, or the hashed
+    # tokens, 0.32 on) and drops back; full attention is cut to the hit.
+    cdef _SpecGroup s
+    cdef Py_ssize_t k, j, bs = p.lookup_block_size, curr = max_length, longest = 0, reach, cap
+    cdef Py_ssize_t nspecs = len(p.lookup_specs)
+    cdef list by_group = [None] * p.ngroups
+    cdef list out
+    cap = PyList_GET_SIZE(hashes) * p.hash_block_size if p.margin_to_hashes else max_length
+    for k in range(nspecs):
+        s = <_SpecGroup> p.lookup_specs[k]
+        out = [[] for j in range(s.ngids)]
+        reach = curr
+        if s.drop_eagle and p.lookup_hybrid:
+            reach = min(curr + bs, cap)
+        if s.sliding:
+            curr = _find_sliding(p, s, hashes, reach, s.drop_eagle, out)
+            if curr < 0:
+                return _VLLM
+        else:
+            curr = _find_full(p, s, hashes, reach, s.drop_eagle, out)
+        if curr > longest:
+            longest = curr
+        for j in range(s.ngids):
+            by_group[<Py_ssize_t> s.group_ids[j]] = out[j]
+    if p.lookup_hybrid:
+        k = _cdiv(curr, bs)
+        for x in p.lookup_specs:
+            s = <_SpecGroup> x
+            if not s.sliding:
+                for j in range(s.ngids):
+                    del (<list> by_group[<Py_ssize_t> s.group_ids[j]])[k:]
+    return tuple(by_group), curr, longest - curr
+
+
 cdef object _computed_blocks(self, request, max_cache_hit_length, bint hit_limit=False):
-    # KVCacheManager.get_computed_blocks when the plan looks up directly (one
-    # full-attention group of the unitary coordinator whose block is the hash
-    # block: vLLM's find_longest_cache_hit is then a walk from the first
-    # block hash, each looked up in the pool, to the first miss); _VLLM for
-    # any other case, before anything is read twice.
+    # KVCacheManager.get_computed_blocks where the plan looks up here
+    # (_plan_lookup, _lookup_specs); _VLLM for any other case, before
+    # anything is read twice.
     cdef ManagerPlan p
-    cdef Py_ssize_t max_length, n, i
+    cdef Py_ssize_t max_length, uncached = 0
     plan = self._kvpool_plan
-    if plan is None or not (<ManagerPlan> plan).lookup_direct:
+    if plan is None:
         return _VLLM
     p = <ManagerPlan> plan
-    p.n_lookups += 1
+    if p.lookup_specs is None:
+        return _VLLM
     if hit_limit:
         # 0.34: the request bounds its own hits (prefix_cache_hit_limit: 0
         # skips the lookup), and an explicit bound can only lower them.
         if not (self.enable_caching and request.prefix_cache_hit_limit != 0):
+            p.n_lookups += 1
             return p.empty, 0, 0
         max_cache_hit_length = request.get_max_cache_hit_length(max_cache_hit_length)
     else:
         if not (self.enable_caching and not request.skip_reading_prefix_cache):
+            p.n_lookups += 1
             return p.empty, 0, 0
         if max_cache_hit_length is None:
             max_cache_hit_length = request.num_tokens - 1
@@ -1054,28 +1268,19 @@ cdef object _computed_blocks(self, request, max_cache_hit_length, bint hit_limit
     if not _count(max_cache_hit_length, &max_length) or max_length < 0 \
             or not PyList_CheckExact(hashes):
         return _VLLM
-    n = max_length // p.lookup_block_size
-    if n > PyList_GET_SIZE(hashes):
-        n = PyList_GET_SIZE(hashes)
-    hit = []
-    get_cached_block = p.pool.get_cached_block
-    group_ids = [0]  # kv_cache_group_ids, one list for the lookup as in vLLM
-    for i in range(n):
-        cached = get_cached_block(<object> PyList_GET_ITEM(hashes, i), group_ids)
-        if not cached:
-            break
-        hit.append(cached[0])
-    if p.drop_eagle and hit:
-        # EAGLE / MTP: the last hit block is recomputed for the drafter's
-        # hidden states (vLLM's FullAttentionManager: one block less, the
-        # alignment being the block).
-        hit.pop()
-    num_new_computed = len(hit) * p.lookup_block_size
-    computed = (hit,)
+    found = _lookup_specs(p, <list> hashes, max_length)
+    if found is _VLLM:
+        return _VLLM
+    computed, num_new_computed, uncached = found
+    p.n_lookups += 1
     if num_new_computed > 0 and self.enable_kv_cache_events and \
             getattr(request, "kv_cache_report_mode", "incremental") == "full":
         p.coordinator.emit_cached_block_events(request, computed)
-    return (p.kv_cache_blocks(computed) if hit else p.empty), num_new_computed, 0
+    return (
+        p.kv_cache_blocks(computed) if num_new_computed else p.empty,
+        num_new_computed,
+        num_new_computed + uncached if uncached else 0,
+    )
 
 
 def get_computed_blocks(self, request, max_cache_hit_length=None):

