@@ -5,6 +5,8 @@ from typing import Any
 class ManagerPlan:
     @property
     def counts(self) -> dict[str, int]: ...
+    @property
+    def lookup_compiled(self) -> bool: ...
 
 def plan_for(
     manager: Any,

@@ -140,6 +140,11 @@ cdef class ManagerPlan:
             "plain_events": self.n_plain_events,
         }
 
+    @property
+    def lookup_compiled(self):
+        """Whether ``get_computed_blocks`` is done here (see ``_plan_lookup``)."""
+        return self.lookup_specs is not None
+
     def __repr__(self):
         kinds = ", ".join(
             f"{'sliding' if (<_Group> g).sliding else 'full'}/{(<_Group> g).block_size}"

@@ -50,7 +50,7 @@ from vllm.v1.request import RequestStatus
 from .. import _manager
 from . import block_pool as _block_pool
 
-__all__ = ["KVCacheBlocks", "KVCacheManager"]
+__all__ = ["KVCacheBlocks", "KVCacheManager", "group_lines"]
 
 logger = logging.getLogger("kvpool.vllm")
 
@@ -71,8 +71,35 @@ _COORDINATORS = tuple(
     )
 )
 
-# Reasons already logged, so that each is logged once per process.
-_logged: set[str] = set()
+# The group lines already logged (see group_lines), each set once per process.
+_logged: set[tuple[str, ...]] = set()
+
+
+def group_lines(manager) -> list[str]:
+    """One line per KV-cache group of ``manager`` (kvpool's, built): its
+    spec, the single-type manager class serving it, and whether kvpool's
+    compiled paths or vLLM's code run it, and why. Logged at INFO when the
+    manager is built (once per process for each set of lines), so a user sees
+    at once what kvpool does for their model."""
+    plan = manager._kvpool_plan
+    reason = manager.kvpool_fallback_reason
+    lookup = ""
+    if plan is not None and manager.enable_caching and not plan.lookup_compiled:
+        lookup = " (its prefix-cache lookup: vLLM's code, for these groups' block sizes or specs)"
+    lines = []
+    groups = manager.kv_cache_config.kv_cache_groups
+    for i, (group, single) in enumerate(zip(groups, manager.coordinator.single_type_managers)):
+        layers = len(group.layer_names)
+        what = (
+            f"kvpool: KV-cache group {i} ({type(group.kv_cache_spec).__name__}, "
+            f"{layers} layer{'s' if layers != 1 else ''}) is served by "
+            f"{type(single).__name__}"
+        )
+        if reason is None:
+            lines.append(f"{what}: kvpool's compiled paths{lookup}")
+        else:
+            lines.append(f"{what}: vLLM's code, because kvpool's paths do not serve {reason}")
+    return lines
 
 
 class KVCacheManager(_vllm.KVCacheManager):
@@ -141,9 +168,11 @@ class KVCacheManager(_vllm.KVCacheManager):
             coordinator.get_num_blocks_to_allocate = types.MethodType(
                 _manager.coordinator_get_num_blocks_to_allocate, coordinator
             )
-        if reason is not None and reason not in _logged:
-            _logged.add(reason)
-            logger.info("kvpool's KV-cache manager paths do not serve %s: vLLM's code runs", reason)
+        lines = group_lines(self)
+        if tuple(lines) not in _logged:   # (the driver and the tests build many)
+            _logged.add(tuple(lines))
+            for line in lines:
+                logger.info("%s", line)
 
     allocate_slots = _manager.allocate_slots
     cache_blocks = _manager.cache_blocks

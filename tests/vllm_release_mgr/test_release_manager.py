@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 from collections.abc import Iterator
 from types import ModuleType
@@ -470,6 +471,42 @@ def test_a_hybrid_lookup_with_the_other_lines_eagle_margin_is_caught() -> None:
     assert all(m._kvpool_plan is not None and m._kvpool_plan.counts["lookups"] for m in managers)
     diff = first_difference(expected.trace, broken.trace)
     assert diff is not None, "a hybrid lookup with the other lines' EAGLE margin went unnoticed"
+
+
+def test_each_group_says_what_serves_it(caplog: pytest.LogCaptureFixture) -> None:
+    """At manager build, one INFO line per KV-cache group: its spec, the
+    single-type manager serving it, and whether kvpool's compiled paths or
+    vLLM's code run it (and why); each manager's set of lines once per
+    process."""
+    manager_class = kvpool_manager_class()
+    module = importlib.import_module("kvpool.v0_33.kv_cache_manager")
+    pool_class = vllm_block_pool_class(kvpool_line().name, CORES["compiled"])
+    compiled = "kvpool's compiled paths"
+    lookup = " (its prefix-cache lookup: vLLM's code, for these groups' block sizes or specs)"
+    expected = {
+        "full": [("FullAttentionSpec", "FullAttentionManager", compiled)],
+        "full+sliding": [("FullAttentionSpec", "FullAttentionManager", compiled),
+                         ("SlidingWindowSpec", "SlidingWindowManager", compiled)],
+        "full32+sliding16": [("FullAttentionSpec", "FullAttentionManager", compiled + lookup),
+                             ("SlidingWindowSpec", "SlidingWindowManager", compiled + lookup)],
+    }
+    if "mamba-cow" in WORKLOADS:
+        why = "vLLM's code, because kvpool's paths do not serve a MambaManager group"
+        expected["mamba-cow"] = [("FullAttentionSpec", "FullAttentionManager", why),
+                                 ("MambaSpec", "MambaManager", why)]
+    with pytest.MonkeyPatch.context() as patch, caplog.at_level(logging.INFO, "kvpool.vllm"):
+        patch.setattr(module, "_logged", set())
+        for key, groups in expected.items():
+            caplog.clear()
+            with manager_in_vllm(manager_class, pool_class):
+                manager = vw.make_manager(WORKLOADS[key])
+                vw.make_manager(WORKLOADS[key])  # (said once)
+            lines = [r.getMessage() for r in caplog.records if r.name == "kvpool.vllm"]
+            assert lines == module.group_lines(manager), (key, lines)
+            assert len(lines) == len(groups), (key, lines)
+            for i, (line, (spec, single, served)) in enumerate(zip(lines, groups)):
+                assert line.startswith(f"kvpool: KV-cache group {i} ({spec}, "), line
+                assert line.endswith(f" is served by {single}: {served}"), line
 
 
 def broken_manager(manager_class: type) -> type:
