@@ -102,6 +102,12 @@ if hasattr(vw.FULL, "spec_tokens"):  # the 0.26+ driver: speculative decoding
     WORKLOADS["ngram"] = vw.FULL.scaled(
         name="n-gram drafts", spec_tokens=4, accept_rate=0.4
     )
+    # EAGLE over full attention + a sliding window: the hybrid lookup with
+    # the window's extra contiguous block and the dropped one.
+    WORKLOADS["eagle+sliding"] = vw.HYBRID.scaled(
+        name="EAGLE, 3 drafts, full + sliding window", metrics_sample_rate=None,
+        spec_tokens=3, eagle=True,
+    )
     # A KV connector: external hits, asynchronous loads, failed loads, aborts.
     WORKLOADS["connector"] = vw.FULL.scaled(name="KV connector", connector=True)
 if getattr(vw, "HASH_LOOKAHEAD", False):
