@@ -10,9 +10,11 @@ release with a kvpool manager, in the overlay environment). Imports vLLM.
 Configurations. Per machine (``machine_for``), so that each gets its share
 of the examples: the layout (``LAYOUTS``: one full-attention group of block 4
 or 16; full attention + sliding window with equal block sizes, 4/4 and
-16/16; with a full-attention block larger than the hash block, 8 + 4 over
-hash 4 and 32 + 16 over hash 16, whose prompt tails are cached as partial
-blocks) and prefix caching on or off. Per example: KV events on or off;
+16/16; a sliding window alone, block 4; with a full-attention block larger
+than the hash block, 8 + 4 over hash 4 and 32 + 16 over hash 16, whose
+prompt tails are cached as partial blocks; full/4, full/4 + sliding/4 and
+sliding/4 again under EAGLE, whose prefix-cache lookups drop the last hit
+block) and prefix caching on or off. Per example: KV events on or off;
 vLLM's metrics collector off, sampling half or every block (the global RNG
 it samples with is seeded the same before each side's call); an admission
 watermark or none; a mixed-precision cache (vLLM then records new blocks for
@@ -106,9 +108,14 @@ LAYOUTS: dict[str, tuple[tuple[vw.Group, ...], int]] = {
     "full/16": ((G("full", 16),), 16),
     "full/4+sliding/4": ((G("full", 4), G("sliding", 4, sliding_window=10)), 4),
     "full/16+sliding/16": ((G("full", 16), G("sliding", 16, sliding_window=40)), 16),
+    "sliding/4": ((G("sliding", 4, sliding_window=10),), 4),
     "full/8+sliding/4": ((G("full", 8), G("sliding", 4, sliding_window=10)), 4),
     "full/32+sliding/16": ((G("full", 32), G("sliding", 16, sliding_window=48)), 16),
 }
+# The same under EAGLE (use_eagle: the lookups drop the last hit block).
+LAYOUTS.update({
+    f"{name}+eagle": LAYOUTS[name] for name in ("full/4", "full/4+sliding/4", "sliding/4")
+})
 
 LORAS = (
     LoRARequest("adapter-0", 1, "/nonexistent/adapter-0"),
@@ -264,6 +271,9 @@ class ManagerMachine(RuleBasedStateMachine):
             enable_events=draw(st.booleans(), label="KV events"),
             metrics_sample_rate=draw(st.sampled_from([None, 0.5, 1.0]), label="metrics"),
             watermark=draw(st.sampled_from([0.0, 0.0, 0.1]), label="watermark"),
+            # EAGLE: the lookups drop the last hit block (a window's needs
+            # one more contiguous block first).
+            eagle=layout.endswith("+eagle"),
         )
         self.w = w
         self.hasher = vw.request_block_hasher(w)
