@@ -349,13 +349,12 @@ class ManagerClock:
 def watch_windows() -> dict:
     """Count what vLLM's own sliding-window manager does (in-process engine
     core; the scenario's ``watch_windows``): blocks freed as they leave the
-    window (``remove_skipped_blocks``), and its prefix-cache hits, those led by
-    the null block (the blocks before the window skipped) and their blocks."""
+    window (``remove_skipped_blocks``); the prefix-cache hits are counted by
+    ``watch_window_hits`` once the engine is built."""
     from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager as manager
 
     counts = {"freed": 0, "hits": 0, "null_led_hits": 0, "hit_blocks": 0}
     remove = manager.remove_skipped_blocks
-    find = manager.find_longest_cache_hit.__func__
 
     def live(self, request_id: str) -> int:
         return sum(not b.is_null for b in self.req_to_blocks.get(request_id, ()))
@@ -365,17 +364,30 @@ def watch_windows() -> dict:
         remove(self, request_id, *args, **kwargs)
         counts["freed"] += before - live(self, request_id)
 
-    def find_longest_cache_hit(cls, *args, **kwargs):
-        blocks, length = find(cls, *args, **kwargs)
-        if length:
-            counts["hits"] += 1
-            counts["null_led_hits"] += blocks[0][0].is_null
-            counts["hit_blocks"] += sum(not b.is_null for b in blocks[0])
-        return blocks, length
-
     manager.remove_skipped_blocks = remove_skipped_blocks
-    manager.find_longest_cache_hit = classmethod(find_longest_cache_hit)
     return counts
+
+
+def watch_window_hits(llm, counts: dict) -> None:
+    """The sliding-window group's prefix-cache hits, those led by the null
+    block (the blocks before the window skipped) and their blocks, counted
+    from what the engine's KV-cache manager returns (kvpool's looks them up
+    in C: vLLM's window finder is not called there)."""
+    manager = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager
+    singles = manager.coordinator.single_type_managers
+    window = next(i for i, m in enumerate(singles) if type(m).__name__ == "SlidingWindowManager")
+    lookup = manager.get_computed_blocks
+
+    def get_computed_blocks(*args, **kwargs):
+        result = lookup(*args, **kwargs)
+        if result[1]:
+            blocks = result[0].blocks[window]
+            counts["hits"] += 1
+            counts["null_led_hits"] += blocks[0].is_null
+            counts["hit_blocks"] += sum(not b.is_null for b in blocks)
+        return result
+
+    manager.get_computed_blocks = get_computed_blocks
 
 
 def main() -> None:
@@ -438,6 +450,8 @@ def main() -> None:
         speculative_config=scenario.get("speculative_config"),
         **kwargs,
     )
+    if windows is not None:
+        watch_window_hits(llm, windows)
     params = SamplingParams(
         temperature=0, max_tokens=scenario["max_tokens"], ignore_eos=True, detokenize=False
     )
