@@ -1131,6 +1131,14 @@ cdef int _probe(ManagerPlan p, _SpecGroup s, object get_cached_block, PyObject *
     return 1
 
 
+cdef inline PyObject *_hash_at(list hashes, Py_ssize_t i) except NULL:
+    # hashes[i], borrowed, its index checked again: the pool's method (or a
+    # finalizer run by an allocation) could have changed the list.
+    if i >= PyList_GET_SIZE(hashes):
+        raise RuntimeError("the request's block hashes changed during a lookup")
+    return PyList_GET_ITEM(hashes, i)
+
+
 cdef inline int _append_hit(_SpecGroup s, list out, PyObject **hit) except -1:
     cdef Py_ssize_t j
     for j in range(s.ngids):
@@ -1152,7 +1160,7 @@ cdef Py_ssize_t _find_full(ManagerPlan p, _SpecGroup s, list hashes, Py_ssize_t 
         n = PyList_GET_SIZE(hashes)
     get_cached_block = p.pool.get_cached_block
     for i in range(n):
-        if not _probe(p, s, get_cached_block, PyList_GET_ITEM(hashes, i), hit, holder):
+        if not _probe(p, s, get_cached_block, _hash_at(hashes, i), hit, holder):
             break
         _append_hit(s, out, hit)
         k += 1
@@ -1180,7 +1188,7 @@ cdef Py_ssize_t _find_sliding(ManagerPlan p, _SpecGroup s, list hashes, Py_ssize
         return -1
     get_cached_block = p.pool.get_cached_block
     for i in range(n - 1, -1, -1):
-        if _probe(p, s, get_cached_block, PyList_GET_ITEM(hashes, i), hit, holder):
+        if _probe(p, s, get_cached_block, _hash_at(hashes, i), hit, holder):
             nrun += 1
             if nrun >= need:
                 start = i
@@ -1198,7 +1206,7 @@ cdef Py_ssize_t _find_sliding(ManagerPlan p, _SpecGroup s, list hashes, Py_ssize
         for j in range(s.ngids):
             (<list> PyList_GET_ITEM(out, j)).extend([p.null_block] * start)
     for m in range(start, start + keep):
-        if not _probe(p, s, get_cached_block, PyList_GET_ITEM(hashes, m), hit, holder):
+        if not _probe(p, s, get_cached_block, _hash_at(hashes, m), hit, holder):
             raise RuntimeError("the prefix cache changed during a lookup")
         _append_hit(s, out, hit)
     return (start + keep) * p.lookup_block_size
