@@ -37,9 +37,8 @@ cdef class _SpecGroup:
     cdef bint sliding
     cdef bint drop_eagle          # EAGLE / MTP: its lookup drops the last hit block
     cdef Py_ssize_t window_blocks # sliding: cdiv(sliding_window - 1, block_size)
-    # The group ids as the core's hash map keys them, when there are at most
-    # 8 (the lookup then reads the core's map itself: see _hits).
-    cdef bint small
+    # The group ids as the core's hash map keys them (at most 8: _spec_group
+    # makes no _SpecGroup of more, so the lookup's hit arrays of 8 hold them).
     cdef uint32_t gids[8]
 
 
@@ -96,12 +95,10 @@ cdef class ManagerPlan:
     cdef Py_ssize_t n_lookups     # get_computed_blocks done here
     cdef Py_ssize_t n_common      # get_num_common_prefix_blocks done here
     cdef bint common_direct       # get_num_common_prefix_blocks in C (0.30, 0.31)
-    cdef bint drop_eagle          # the unitary coordinator's group drops its last hit block (EAGLE / MTP)
     # get_computed_blocks in C (see _plan_lookup): the spec groups in vLLM's
-    # order (full attention first), every block lookup_block_size, the hash
-    # block and the hit alignment.
-    cdef Py_ssize_t lookup_block_size
+    # order (full attention first), every block the hash block and the hit
+    # alignment; the hybrid coordinator's (``hybrid``) reports the uncached
+    # prefix.
     cdef tuple lookup_specs       # of _SpecGroup; None: not done here
-    cdef bint lookup_hybrid       # the hybrid coordinator's (reports the uncached prefix)
     cdef bint margin_to_hashes    # 0.32 on: EAGLE's margin capped at the hashed tokens
     cdef bint map_direct          # the pool's get_cached_block is the compiled core's

@@ -282,15 +282,12 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     p.hybrid = type(coordinator) is hybrid_cls
     p.cap_at_hashed = cap_at_hashed
     p.trims_null_head = trims_null_head
-    p.lookup_block_size = 1
-    # vLLM's unitary coordinator: drop_eagle_block=0 in <that set>.
-    p.drop_eagle = 0 in getattr(coordinator, eagle_drop_attr)
     p.margin_to_hashes = eagle_margin_to_hashes
     p.map_direct = (
         p.pool_core is not None
         and getattr(type(pool), "get_cached_block", None) is PoolCore.get_cached_block
     )
-    _plan_lookup(p, coordinator, full_cls, sliding_cls, unitary_cls, hybrid_cls)
+    _plan_lookup(p, coordinator, full_cls, sliding_cls, unitary_cls, hybrid_cls, eagle_drop_attr)
     p.common_direct = (
         common_prefix_blocks is not None
         and getattr(type(coordinator), "get_num_common_prefix_blocks", None) is common_prefix_blocks
@@ -304,21 +301,25 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
 
 cdef _SpecGroup _spec_group(list group_ids, bint sliding, bint drop_eagle, Py_ssize_t window,
                             Py_ssize_t block_size):
-    cdef _SpecGroup s = _SpecGroup.__new__(_SpecGroup)
+    # None where the lookup is not done here: more than 8 groups of the
+    # spec, or ids the core's map cannot key (every lookup's hit arrays
+    # hold 8).
+    cdef _SpecGroup s
+    if len(group_ids) > 8 or not all(isinstance(g, int) and 0 <= g <= 0xFFFFFFFF for g in group_ids):
+        return None
+    s = _SpecGroup.__new__(_SpecGroup)
     s.group_ids = list(group_ids)
     s.ngids = len(group_ids)
     s.sliding = sliding
     s.drop_eagle = drop_eagle
     s.window_blocks = _cdiv(window - 1, block_size) if sliding else 0
-    s.small = s.ngids <= 8 and all(isinstance(g, int) and 0 <= g <= 0xFFFFFFFF for g in group_ids)
-    if s.small:
-        for j in range(s.ngids):
-            s.gids[j] = <uint32_t> group_ids[j]
+    for j in range(s.ngids):
+        s.gids[j] = <uint32_t> group_ids[j]
     return s
 
 
 cdef int _plan_lookup(ManagerPlan p, object coordinator, object full_cls, object sliding_cls,
-                      object unitary_cls, object hybrid_cls) except -1:
+                      object unitary_cls, object hybrid_cls, str eagle_drop_attr) except -1:
     # get_computed_blocks in C where vLLM's lookup is one pass: the unitary
     # coordinator over one full-attention or sliding-window group, or the
     # hybrid coordinator's "simple hybrid" (one spec of full attention, then
@@ -326,8 +327,9 @@ cdef int _plan_lookup(ManagerPlan p, object coordinator, object full_cls, object
     # hit alignment (no fine-grained hits, no re-alignment after a drop), no
     # group retaining longer hits (every group's class is exactly vLLM's, so
     # the finders are vLLM's). lookup_specs stays None otherwise, and
-    # vLLM's method looks up.
+    # vLLM's method looks up. Every lookup's block is then the hash block.
     cdef _Group g
+    cdef tuple specs
     if p.ngroups == 0:
         return 0
     cdef Py_ssize_t bs = (<_Group> p.groups[0]).block_size
@@ -341,33 +343,36 @@ cdef int _plan_lookup(ManagerPlan p, object coordinator, object full_cls, object
     if type(coordinator) is unitary_cls:
         if p.ngroups != 1 or coordinator.block_size != bs:
             return 0
-        p.lookup_specs = (
-            _spec_group([0], g.sliding, p.drop_eagle,
+        # vLLM's unitary coordinator: drop_eagle_block=0 in <that set>.
+        specs = (
+            _spec_group([0], g.sliding, 0 in getattr(coordinator, eagle_drop_attr),
                         g.mgr.kv_cache_spec.sliding_window if g.sliding else 0, bs),
         )
-        p.lookup_hybrid = False
-        p.lookup_block_size = bs
-        return 0
+    else:
+        specs = _hybrid_specs(p, coordinator, full_cls, sliding_cls, hybrid_cls, bs)
+    if specs is not None and None not in specs:
+        p.lookup_specs = specs
+    return 0
+
+
+cdef tuple _hybrid_specs(ManagerPlan p, object coordinator, object full_cls, object sliding_cls,
+                         object hybrid_cls, Py_ssize_t bs):
+    # The hybrid coordinator's simple hybrid (see _plan_lookup), or None.
     if type(coordinator) is not hybrid_cls or coordinator._cache_hit_alignment_tokens != bs:
-        return 0
-    specs = coordinator.attention_groups
-    if len(specs) != 2:
-        return 0
-    full, window = specs[0], specs[1]
+        return None
+    groups = coordinator.attention_groups
+    if len(groups) != 2:
+        return None
+    full, window = groups[0], groups[1]
     if not any(c.__name__ == "FullAttentionSpec" for c in type(full.spec).__mro__) \
             or full.manager_cls is not full_cls or window.manager_cls is not sliding_cls:
-        return 0
+        return None
     if sorted(list(full.group_ids) + list(window.group_ids)) != list(range(p.ngroups)):
-        return 0
-    p.lookup_specs = (
+        return None
+    return (
         _spec_group(full.group_ids, False, bool(full.use_eagle), 0, bs),
         _spec_group(window.group_ids, True, bool(window.use_eagle), window.spec.sliding_window, bs),
     )
-    p.lookup_hybrid = True
-    p.lookup_block_size = bs
-    if not all((<_SpecGroup> x).small for x in p.lookup_specs):
-        p.lookup_specs = None   # (more than 8 groups of a spec: vLLM's lookup)
-    return 0
 
 
 # What each keyword of a plain request's BlockStored is (_plain_stored).
@@ -1113,7 +1118,7 @@ cdef int _probe(ManagerPlan p, _SpecGroup s, object get_cached_block, PyObject *
     # otherwise the pool's method, its list kept alive in holder[0].
     cdef BlockHashToBlockMap cache
     cdef Py_ssize_t j
-    if p.map_direct and s.small and PyBytes_Check(<object> block_hash):
+    if p.map_direct and PyBytes_Check(<object> block_hash):
         cache = (<PoolCore> p.pool_core)._map
         for j in range(s.ngids):
             hit[j] = cache.get_hg_ptr(block_hash, s.gids[j])
@@ -1123,7 +1128,7 @@ cdef int _probe(ManagerPlan p, _SpecGroup s, object get_cached_block, PyObject *
     cached = get_cached_block(<object> block_hash, s.group_ids)
     if not cached:
         return 0
-    if not PyList_CheckExact(cached) or PyList_GET_SIZE(cached) != s.ngids or s.ngids > 8:
+    if not PyList_CheckExact(cached) or PyList_GET_SIZE(cached) != s.ngids:
         raise TypeError("the pool's get_cached_block returned no list of a block per group")
     holder[0] = cached
     for j in range(s.ngids):
@@ -1146,19 +1151,18 @@ cdef inline int _append_hit(_SpecGroup s, list out, PyObject **hit) except -1:
     return 0
 
 
-cdef Py_ssize_t _find_full(ManagerPlan p, _SpecGroup s, list hashes, Py_ssize_t max_length,
-                           bint drop, list out) except -1:
+cdef Py_ssize_t _find_full(ManagerPlan p, _SpecGroup s, object get_cached_block, list hashes,
+                           Py_ssize_t max_length, bint drop, list out) except -1:
     # FullAttentionManager.find_longest_cache_hit, the block the hash block
     # and the alignment: a walk from the first hash to the first miss (a
     # miss means every later block misses: the hashes are chained), the last
     # hit block dropped under EAGLE. Appends each group's blocks to out's
     # lists; returns the hit length.
-    cdef Py_ssize_t i, j, k = 0, n = max_length // p.lookup_block_size
+    cdef Py_ssize_t i, j, k = 0, n = max_length // p.hash_block_size
     cdef PyObject *hit[8]
     cdef list holder = [None]
     if n > PyList_GET_SIZE(hashes):
         n = PyList_GET_SIZE(hashes)
-    get_cached_block = p.pool.get_cached_block
     for i in range(n):
         if not _probe(p, s, get_cached_block, _hash_at(hashes, i), hit, holder):
             break
@@ -1168,11 +1172,11 @@ cdef Py_ssize_t _find_full(ManagerPlan p, _SpecGroup s, list hashes, Py_ssize_t 
         k -= 1
         for j in range(s.ngids):
             del (<list> PyList_GET_ITEM(out, j))[k:]
-    return k * p.lookup_block_size
+    return k * p.hash_block_size
 
 
-cdef Py_ssize_t _find_sliding(ManagerPlan p, _SpecGroup s, list hashes, Py_ssize_t max_length,
-                              bint drop, list out) except -2:
+cdef Py_ssize_t _find_sliding(ManagerPlan p, _SpecGroup s, object get_cached_block, list hashes,
+                              Py_ssize_t max_length, bint drop, list out) except -2:
     # SlidingWindowManager.find_longest_cache_hit, the block the hash block
     # and the alignment: from the right, the first run of window_blocks
     # contiguous hits (one more under EAGLE, then dropped); with no such
@@ -1180,13 +1184,12 @@ cdef Py_ssize_t _find_sliding(ManagerPlan p, _SpecGroup s, list hashes, Py_ssize
     # before the run); returns the hit length, or -1 where vLLM's would
     # index past the hashes (vLLM's method then raises as it does).
     cdef Py_ssize_t i, j, m, nrun = 0, start = 0, keep
-    cdef Py_ssize_t n = max_length // p.lookup_block_size
+    cdef Py_ssize_t n = max_length // p.hash_block_size
     cdef Py_ssize_t need = s.window_blocks + drop
     cdef PyObject *hit[8]
     cdef list holder = [None]
     if n > PyList_GET_SIZE(hashes):
         return -1
-    get_cached_block = p.pool.get_cached_block
     for i in range(n - 1, -1, -1):
         if _probe(p, s, get_cached_block, _hash_at(hashes, i), hit, holder):
             nrun += 1
@@ -1209,7 +1212,7 @@ cdef Py_ssize_t _find_sliding(ManagerPlan p, _SpecGroup s, list hashes, Py_ssize
         if not _probe(p, s, get_cached_block, _hash_at(hashes, m), hit, holder):
             raise RuntimeError("the prefix cache changed during a lookup")
         _append_hit(s, out, hit)
-    return (start + keep) * p.lookup_block_size
+    return (start + keep) * p.hash_block_size
 
 
 cdef object _lookup_specs(ManagerPlan p, list hashes, Py_ssize_t max_length):
@@ -1221,28 +1224,29 @@ cdef object _lookup_specs(ManagerPlan p, list hashes, Py_ssize_t max_length):
     # block looks one block further (to the bound, 0.30-0.31, or the hashed
     # tokens, 0.32 on) and drops back; full attention is cut to the hit.
     cdef _SpecGroup s
-    cdef Py_ssize_t k, j, bs = p.lookup_block_size, curr = max_length, longest = 0, reach, cap
+    cdef Py_ssize_t k, j, bs = p.hash_block_size, curr = max_length, longest = 0, reach, cap
     cdef Py_ssize_t nspecs = len(p.lookup_specs)
     cdef list by_group = [None] * p.ngroups
     cdef list out
-    cap = PyList_GET_SIZE(hashes) * p.hash_block_size if p.margin_to_hashes else max_length
+    cap = PyList_GET_SIZE(hashes) * bs if p.margin_to_hashes else max_length
+    get_cached_block = p.pool.get_cached_block
     for k in range(nspecs):
         s = <_SpecGroup> p.lookup_specs[k]
         out = [[] for j in range(s.ngids)]
         reach = curr
-        if s.drop_eagle and p.lookup_hybrid:
+        if s.drop_eagle and p.hybrid:
             reach = min(curr + bs, cap)
         if s.sliding:
-            curr = _find_sliding(p, s, hashes, reach, s.drop_eagle, out)
+            curr = _find_sliding(p, s, get_cached_block, hashes, reach, s.drop_eagle, out)
             if curr < 0:
                 return _VLLM
         else:
-            curr = _find_full(p, s, hashes, reach, s.drop_eagle, out)
+            curr = _find_full(p, s, get_cached_block, hashes, reach, s.drop_eagle, out)
         if curr > longest:
             longest = curr
         for j in range(s.ngids):
             by_group[<Py_ssize_t> s.group_ids[j]] = out[j]
-    if p.lookup_hybrid:
+    if p.hybrid:
         k = _cdiv(curr, bs)
         for x in p.lookup_specs:
             s = <_SpecGroup> x
