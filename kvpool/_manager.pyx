@@ -147,7 +147,8 @@ cdef class ManagerPlan:
 
     def __repr__(self):
         kinds = ", ".join(
-            f"{'sliding' if (<_Group> g).sliding else 'full'}/{(<_Group> g).block_size}"
+            f"{'sliding' if (<_Group> g).sliding else 'rswa' if (<_Group> g).rswa else 'full'}"
+            f"/{(<_Group> g).block_size}"
             for g in self.groups
         )
         return f"<kvpool ManagerPlan groups=[{kinds}] caching={bool(self.caching)}>"
@@ -157,12 +158,14 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
              coordinator_classes, unitary_cls, hybrid_cls, bint cap_at_hashed, bint trims_null_head,
              bint has_prefill_end, bint zero_chunk_adopts, str cap_attr, pool_cache_full_blocks,
              pool_new_blocks_with_hooks, pool_event_extra_keys=None, common_prefix_blocks=None,
-             str eagle_drop_attr="drop_eagle_group_ids", bint eagle_margin_to_hashes=True):
+             str eagle_drop_attr="drop_eagle_group_ids", bint eagle_margin_to_hashes=True,
+             rswa_cls=None):
     """``(plan, None)`` if ``manager`` (a vLLM ``KVCacheManager``, built) is in
     the scope of these paths, else ``(None, reason)``.
 
-    The scope: every group a ``FullAttentionManager`` or
-    ``SlidingWindowManager`` (exactly those classes) over the one pool, a
+    The scope: every group a ``FullAttentionManager``,
+    ``SlidingWindowManager`` or ``RSWAManager`` (``rswa_cls``: exactly those
+    classes, the last overriding only what ``_RSWA_OWN`` names) over the one pool, a
     coordinator of one of ``coordinator_classes`` (exactly), no groups that
     retain longer hits, no context parallelism. EAGLE / MTP (``use_eagle``,
     lookahead and draft tokens, re-prefillable tokens) is in the scope: of
@@ -205,7 +208,8 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     groups = []
     for mgr in coordinator.single_type_managers:
         cls = type(mgr)
-        if cls is not full_cls and cls is not sliding_cls:
+        if cls is not full_cls and cls is not sliding_cls and not (
+                cls is rswa_cls and _overrides_only(cls, full_cls, _RSWA_OWN)):
             return None, f"a {cls.__name__} group"
         if mgr.block_pool is not pool:
             return None, "groups over different pools"
@@ -221,6 +225,9 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
         g.sliding = cls is sliding_cls
         if g.sliding:
             g.skip_off = mgr.sliding_window - 1 + mgr.extra_retained_tokens
+        g.rswa = cls is rswa_cls
+        if g.rswa:
+            g.rswa_window = mgr.rswa_window
         cap = getattr(mgr, cap_attr)
         g.has_cap = cap is not None
         g.cap = cap if cap is not None else 0
@@ -247,7 +254,7 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
         groups.append(g)
     p.groups = tuple(groups)
     p.ngroups = len(groups)
-    p.any_sliding = any((<_Group> x).sliding for x in groups)
+    p.frees_early = any((<_Group> x).sliding or (<_Group> x).rswa for x in groups)
     p.caching = any((<_Group> x).caching for x in groups)
     p.pool = pool
     p.pool_core = (
@@ -297,6 +304,23 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     if p.hash_block_size <= 0:
         return None, "a hash block size that is not positive"
     return p, None
+
+
+# What RSWAManager may define itself for these paths to serve it: all the
+# rest is FullAttentionManager's (its remove_skipped_blocks is called, as
+# vLLM calls it, when _gap_has_left says it frees a block).
+cdef frozenset _RSWA_OWN = frozenset({"__init__", "remove_skipped_blocks"})
+
+
+cdef bint _overrides_only(object cls, object base, frozenset own):
+    # ``cls`` is a direct subclass of ``base`` whose own functions are all in
+    # ``own`` (a release that gives it another method takes it out of scope).
+    if cls.__bases__ != (base,):
+        return False
+    for name, value in vars(cls).items():
+        if name not in own and (callable(value) or isinstance(value, (classmethod, staticmethod, property))):
+            return False
+    return True
 
 
 cdef _SpecGroup _spec_group(list group_ids, bint sliding, bint drop_eagle, Py_ssize_t window,
@@ -515,6 +539,49 @@ cdef bint _window_has_left(ManagerPlan p, _Group g, object rid, Py_ssize_t proce
     if skipped <= 0:
         return False
     return blocks[skipped - 1] is not p.null_block
+
+
+cdef bint _gap_has_left(ManagerPlan p, _Group g, object rid, Py_ssize_t processed,
+                        Py_ssize_t prompt) except -1:
+    # Would RSWAManager.remove_skipped_blocks(rid, processed, prompt) free a
+    # block? It frees the blocks of [cdiv(prompt, bs), max(prompt, processed
+    # - rswa_window) // bs), capped at the table's length, backwards until it
+    # meets a null one; a request with no table it leaves without one.
+    cdef Py_ssize_t first, last, start, nblocks
+    cdef PyObject *entry = PyDict_GetItemWithError(g.rtb, rid)
+    if entry == NULL:
+        if PyErr_Occurred():
+            return -1
+        return False
+    first = _cdiv(prompt, g.block_size)
+    start = processed - g.rswa_window
+    if start < prompt:
+        start = prompt
+    last = _floordiv(start, g.block_size)
+    nblocks = len(<object> entry)
+    if last > nblocks:
+        last = nblocks
+    if last <= first:
+        return False
+    return (<object> entry)[last - 1] is not p.null_block
+
+
+cdef int _free_early(ManagerPlan p, object rid, Py_ssize_t processed, object prompt) except -1:
+    # The coordinator's remove_skipped_blocks(rid, processed, prompt): each
+    # manager that would free a block is called, in group order (the others'
+    # calls change nothing). ``prompt``: num_prompt_tokens, or None.
+    cdef _Group g
+    cdef Py_ssize_t n_prompt = 0
+    cdef bint prompt_known = prompt is not None and _count(prompt, &n_prompt)
+    for g in p.groups:
+        if g.sliding:
+            if _window_has_left(p, g, rid, processed):
+                g.mgr.remove_skipped_blocks(rid, processed, prompt)
+        elif g.rswa and prompt is not None:
+            # (a prompt length that is not a count: vLLM's method decides)
+            if not prompt_known or _gap_has_left(p, g, rid, processed, n_prompt):
+                g.mgr.remove_skipped_blocks(rid, processed, prompt)
+    return 0
 
 
 cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens,
@@ -941,13 +1008,11 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     need = main_tokens + lookahead
     if need > p.max_model_len:
         need = p.max_model_len
-    if p.any_sliding:
+    if p.frees_early:
         processed = total - <Py_ssize_t> request.num_in_flight_tokens
         if processed < 0:
             processed = 0
-        for g in p.groups:
-            if g.sliding and _window_has_left(p, g, rid, processed):
-                g.mgr.remove_skipped_blocks(rid, processed, request.num_prompt_tokens)
+        _free_early(p, rid, processed, request.num_prompt_tokens)
     required = 0
     for i in range(p.ngroups):
         # (total_computed_tokens: local + external, not capped here)
@@ -1490,18 +1555,14 @@ def get_num_common_prefix_blocks_0_30(self, running_request_id):
 
 
 def remove_skipped_blocks(self, request_id, processed_computed_tokens, num_prompt_tokens=None):
-    """vLLM's ``KVCacheManager.remove_skipped_blocks``: a sliding-window
-    group's manager is called only when a block left its window."""
-    cdef _Group g
+    """vLLM's ``KVCacheManager.remove_skipped_blocks``: a sliding-window or
+    R-SWA group's manager is called only when it frees a block."""
     cdef Py_ssize_t processed
     plan = self._kvpool_plan
     if plan is None or not _count(processed_computed_tokens, &processed):
         return _vllm_base(self, "remove_skipped_blocks")(
             self, request_id, processed_computed_tokens, num_prompt_tokens)
-    p = <ManagerPlan> plan
-    for g in p.groups:
-        if g.sliding and _window_has_left(p, g, request_id, processed):
-            g.mgr.remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
+    _free_early(<ManagerPlan> plan, request_id, processed, num_prompt_tokens)
     return None
 
 

@@ -19,7 +19,8 @@ scheduler calls for every running request on every step:
   one included);
 - ``free``, ``estimate_cached_tokens``, ``get_blocks``, ``get_block_ids``,
   ``take_new_block_ids``,
-  ``remove_skipped_blocks`` (a window's manager only when a block left it),
+  ``remove_skipped_blocks`` (a window's or an R-SWA group's manager only
+  when it frees a block),
   and the coordinator's ``get_num_blocks_to_allocate`` (bound on the
   coordinator instance) when no group has new computed blocks;
 
@@ -28,9 +29,9 @@ compiled ``get_block_ids`` (the scheduler calls it for every scheduled
 request on every step).
 
 Which configurations the compiled paths serve is decided when the manager
-is built (``kvpool._manager.plan_for``): one full-attention group, or full
-attention + sliding window, prefix caching on or off, with or without
-EAGLE / MTP / draft tokens. Anything else (Mamba, cross-attention, chunked
+is built (``kvpool._manager.plan_for``): groups of full attention, sliding
+windows and R-SWA (reference sliding window), prefix caching on or off,
+with or without EAGLE / MTP / draft tokens. Anything else (Mamba, cross-attention, chunked
 local attention, HiSparse, context parallelism, ...) runs vLLM's code
 throughout; ``kvpool_fallback_reason``
 says why, and it is logged once per reason. Imports vLLM.
@@ -140,6 +141,7 @@ class KVCacheManager(_vllm.KVCacheManager):
             request_status=RequestStatus,
             full_cls=_single.FullAttentionManager,
             sliding_cls=_single.SlidingWindowManager,
+            rswa_cls=getattr(_single, "RSWAManager", None),
             base_single=_single.SingleTypeKVCacheManager,
             coordinator_classes=_COORDINATORS,
             unitary_cls=_coordinator.UnitaryKVCacheCoordinator,

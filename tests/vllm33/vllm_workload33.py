@@ -118,11 +118,15 @@ HASH_LOOKAHEAD = "num_hash_lookahead_tokens" in inspect.signature(
 
 @dataclass(frozen=True)
 class Group(_v15.Group):
-    """One KV-cache group: ``full`` attention, a ``sliding`` window, or (0.33)
-    a ``mamba`` state group in "align" cache mode (what enables vLLM 0.33's
-    sub-block prefix hits and their copy-on-write). ``dtype``: an attention
-    group's KV dtype; groups of different dtypes make a mixed-precision cache,
-    whose new blocks vLLM records for zeroing (``take_new_block_ids``)."""
+    """One KV-cache group: ``full`` attention, a ``sliding`` window, an
+    ``rswa`` group (0.26 on: reference sliding window, full attention that
+    frees the blocks between the prompt and the last ``sliding_window``
+    processed tokens), a ``sink`` group (sink attention, two blocks of
+    sink), or (0.33) a ``mamba`` state group in "align" cache
+    mode (what enables vLLM 0.33's sub-block prefix hits and their
+    copy-on-write). ``dtype``: an attention group's KV dtype; groups of
+    different dtypes make a mixed-precision cache, whose new blocks vLLM
+    records for zeroing (``take_new_block_ids``)."""
 
     dtype: str = "float16"
 
@@ -134,6 +138,18 @@ class Group(_v15.Group):
                 dtypes=(torch.float16,),
                 mamba_cache_mode="align",
             )
+        if self.kind in ("sink", "rswa"):
+            from vllm.v1.kv_cache_interface import RSWASpec, SinkFullAttentionSpec
+
+            common = {
+                "block_size": self.block_size,
+                "num_kv_heads": 1,
+                "head_size": 8,
+                "dtype": getattr(torch, self.dtype),
+            }
+            if self.kind == "sink":
+                return SinkFullAttentionSpec(sink_len=2 * self.block_size, **common)
+            return RSWASpec(rswa_window=self.sliding_window, **common)
         spec = super().spec()
         if self.dtype != "float16":
             spec = dataclasses.replace(spec, dtype=getattr(torch, self.dtype))

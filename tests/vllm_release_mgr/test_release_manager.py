@@ -135,6 +135,19 @@ if LATE_DRIVER:
     WORKLOADS["eagle+sliding-only"] = WORKLOADS["sliding-only"].scaled(
         name="EAGLE, 3 drafts, a sliding window alone", num_requests=_n(200), **eagle
     )
+    # R-SWA (reference sliding window, Unlimited-OCR's attention): full
+    # attention whose blocks between the prompt and the last 64 processed
+    # tokens are freed as decoding goes on (nulls in the middle of a table);
+    # alone, and under EAGLE (in-flight drafts hold the window back).
+    WORKLOADS["rswa"] = vw.FULL.scaled(
+        name="R-SWA: the gap between prompt and window freed",
+        groups=(vw.Group("rswa", 16, sliding_window=64),),
+        num_requests=_n(300),
+        num_blocks=NUM_BLOCKS // 2,
+    )
+    WORKLOADS["eagle+rswa"] = WORKLOADS["rswa"].scaled(
+        name="EAGLE, 3 drafts, R-SWA", num_requests=_n(200), **eagle
+    )
     if vw.HASH_LOOKAHEAD:
         # 0.33 on, the engine's default for the EAGLE family (prefix caching
         # on, no connector): lookahead block hashes, no EAGLE drop, each
@@ -235,6 +248,13 @@ def reference_run(key: str, w: vw.Workload) -> vw.Run:
         assert r.hits_on_blocks_in_use > 0
     if key == "mamba-cow":
         assert r.cow_copies > 0
+    if any(g.kind == "rswa" for g in w.groups):
+        # R-SWA freed gaps: a finished request's table holds a null block
+        # (id 0) between two others.
+        assert any(
+            0 in ids[1:] and any(ids[ids.index(0, 1):])
+            for e in r.trace if e[0] == "final" for ids in e[3]
+        )
     if getattr(w, "spec_tokens", 0):
         # Drafts scheduled, some accepted, some rolled back.
         assert 0 < r.rejected_tokens < r.draft_tokens
@@ -419,7 +439,8 @@ def test_kvpool_manager_against_vllm(workload: vw.Workload, request: pytest.Fixt
                     assert counts["common_prefix"] > 0, counts
 
 
-_SPEC_WORKLOADS = ("eagle", "eagle-1", "eagle+sliding", "eagle+sliding-only", "mtp", "ngram", "connector+eagle",
+_SPEC_WORKLOADS = ("eagle", "eagle-1", "eagle+sliding", "eagle+sliding-only", "eagle+rswa", "mtp",
+                   "ngram", "connector+eagle",
                    "eagle-lookahead-hashes", "mtp-lookahead-hashes",
                    "eagle+sliding-lookahead-hashes")
 
