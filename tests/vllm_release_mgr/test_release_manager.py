@@ -494,6 +494,23 @@ def test_a_hybrid_lookup_with_the_other_lines_eagle_margin_is_caught() -> None:
     assert diff is not None, "a hybrid lookup with the other lines' EAGLE margin went unnoticed"
 
 
+def test_a_sink_group_fails_to_build_as_in_vllm() -> None:
+    """vLLM 0.30-0.34 cannot build a ``SinkFullAttentionManager``: its
+    ``__init__`` takes no ``needs_kv_cache_zeroing``, which the coordinator
+    passes every manager, so a model with sink attention (openPangu's
+    ``StaticSinkAttention``) fails at engine start. kvpool's manager fails
+    the same way (nothing to serve). A release that fixes it fails this
+    test: then kvpool's compiled paths should serve the group (full
+    attention, as far as the scheduler's paths go)."""
+    if not LATE_DRIVER:
+        pytest.skip("the 0.15 driver has no sink groups")
+    manager_class = kvpool_manager_class()
+    w = WORKLOADS["full"].scaled(groups=(vw.Group("sink", 16),))
+    for cls in (KVCacheManager, manager_class):
+        with pytest.raises(TypeError, match="needs_kv_cache_zeroing"):
+            vw.make_manager(w, cls)
+
+
 def test_each_group_says_what_serves_it(caplog: pytest.LogCaptureFixture) -> None:
     """At manager build, one INFO line per KV-cache group: its spec, the
     single-type manager serving it, and whether kvpool's compiled paths or
