@@ -110,6 +110,17 @@ if hasattr(vw.FULL, "spec_tokens"):  # the 0.26+ driver: speculative decoding
     )
     # A KV connector: external hits, asynchronous loads, failed loads, aborts.
     WORKLOADS["connector"] = vw.FULL.scaled(name="KV connector", connector=True)
+    # Full attention + chunked local attention (Llama 4's layout; chunks of
+    # 256 tokens so that this workload's requests cross chunk boundaries,
+    # Llama 4's are 8192), and R-SWA alone (Unlimited-OCR's default window).
+    WORKLOADS["chunked"] = vw.HYBRID.scaled(
+        name="full + chunked local attention",
+        groups=(vw.Group("full", 16), vw.Group("chunked", 16, sliding_window=256)),
+        metrics_sample_rate=None,
+    )
+    WORKLOADS["rswa"] = vw.FULL.scaled(
+        name="R-SWA, window 128", groups=(vw.Group("rswa", 16, sliding_window=128),)
+    )
 if getattr(vw, "HASH_LOOKAHEAD", False):
     # 0.33 on: EAGLE as the engine runs it by default, with lookahead block
     # hashes (no dropped block; each BlockStored carries its lookahead token).

@@ -6,8 +6,8 @@ from libc.stdint cimport uint32_t
 
 cdef class _Group:
     # One of vLLM's single-type managers (FullAttentionManager,
-    # SlidingWindowManager or RSWAManager), with what its hot paths read,
-    # fixed when the manager is built.
+    # SlidingWindowManager, RSWAManager or ChunkedLocalAttentionManager),
+    # with what its hot paths read, fixed when the manager is built.
     cdef object mgr               # vLLM's manager object itself
     # Its request tables, as bound when the plan was made (vLLM binds them
     # once, in __init__; ``refresh`` rebinds them at each step's start):
@@ -22,6 +22,10 @@ cdef class _Group:
     # and the last rswa_window processed tokens (see _gap_has_left).
     cdef bint rswa
     cdef Py_ssize_t rswa_window
+    # ChunkedLocalAttentionManager: get_num_skipped_tokens(n) = n // chunk * chunk
+    # (the blocks before the current chunk), every other path the base class's.
+    cdef bint chunked
+    cdef Py_ssize_t chunk         # attention_chunk_size
     cdef bint has_cap             # max_admission_blocks_per_request is set
     cdef Py_ssize_t cap
     cdef bint caching             # the manager's enable_caching
@@ -51,7 +55,7 @@ cdef class ManagerPlan:
     # while the manager lives; built once by plan_for().
     cdef tuple groups             # of _Group, in kv_cache_group_id order
     cdef Py_ssize_t ngroups
-    cdef bint frees_early         # a group frees blocks before free() (window, R-SWA gap)
+    cdef bint frees_early         # a group frees blocks before free() (window, chunk, R-SWA gap)
     cdef object pool              # the coordinator's block pool
     cdef object pool_core         # the same pool if its free count is the core's, else None
     cdef object null_block

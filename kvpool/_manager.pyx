@@ -111,6 +111,11 @@ cdef class _SpecGroup:
     pass
 
 
+cdef str _kind(_Group g):
+    return ("sliding" if g.sliding else "rswa" if g.rswa else "chunked" if g.chunked
+            else "full")
+
+
 @cython.final
 cdef class ManagerPlan:
     """What kvpool's manager paths read of a ``KVCacheManager`` that does not
@@ -146,11 +151,7 @@ cdef class ManagerPlan:
         return self.lookup_specs is not None
 
     def __repr__(self):
-        kinds = ", ".join(
-            f"{'sliding' if (<_Group> g).sliding else 'rswa' if (<_Group> g).rswa else 'full'}"
-            f"/{(<_Group> g).block_size}"
-            for g in self.groups
-        )
+        kinds = ", ".join(f"{_kind(g)}/{(<_Group> g).block_size}" for g in self.groups)
         return f"<kvpool ManagerPlan groups=[{kinds}] caching={bool(self.caching)}>"
 
 
@@ -159,13 +160,15 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
              bint has_prefill_end, bint zero_chunk_adopts, str cap_attr, pool_cache_full_blocks,
              pool_new_blocks_with_hooks, pool_event_extra_keys=None, common_prefix_blocks=None,
              str eagle_drop_attr="drop_eagle_group_ids", bint eagle_margin_to_hashes=True,
-             rswa_cls=None):
+             rswa_cls=None, chunked_cls=None):
     """``(plan, None)`` if ``manager`` (a vLLM ``KVCacheManager``, built) is in
     the scope of these paths, else ``(None, reason)``.
 
     The scope: every group a ``FullAttentionManager``,
-    ``SlidingWindowManager`` or ``RSWAManager`` (``rswa_cls``: exactly those
-    classes, the last overriding only what ``_RSWA_OWN`` names) over the one pool, a
+    ``SlidingWindowManager``, ``RSWAManager`` (``rswa_cls``, overriding only
+    what ``_RSWA_OWN`` names) or ``ChunkedLocalAttentionManager``
+    (``chunked_cls``, overriding only what ``_CHUNKED_OWN`` names) --
+    exactly those classes -- over the one pool, a
     coordinator of one of ``coordinator_classes`` (exactly), no groups that
     retain longer hits, no context parallelism. EAGLE / MTP (``use_eagle``,
     lookahead and draft tokens, re-prefillable tokens) is in the scope: of
@@ -209,7 +212,8 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     for mgr in coordinator.single_type_managers:
         cls = type(mgr)
         if cls is not full_cls and cls is not sliding_cls and not (
-                cls is rswa_cls and _overrides_only(cls, full_cls, _RSWA_OWN)):
+                cls is rswa_cls and _overrides_only(cls, full_cls, _RSWA_OWN)) and not (
+                cls is chunked_cls and _overrides_only(cls, base_single, _CHUNKED_OWN)):
             return None, f"a {cls.__name__} group"
         if mgr.block_pool is not pool:
             return None, "groups over different pools"
@@ -228,6 +232,12 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
         g.rswa = cls is rswa_cls
         if g.rswa:
             g.rswa_window = mgr.rswa_window
+        g.chunked = cls is chunked_cls
+        if g.chunked:
+            g.chunk = mgr.attention_chunk_size
+            if g.chunk <= 0:
+                return None, "an attention chunk size that is not positive"
+        full_like = cls is full_cls or g.rswa
         cap = getattr(mgr, cap_attr)
         g.has_cap = cap is not None
         g.cap = cap if cap is not None else 0
@@ -236,13 +246,13 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
         # Its cache_blocks may be done here: vLLM's full-attention one, whose
         # block mask is None (reachable_block_mask not overridden).
         g.direct_cache = (
-            not g.sliding
+            full_like
             and bool(getattr(mgr.kv_cache_spec, "prefix_cacheable", True))
             and cls.cache_blocks is full_cls.cache_blocks
             # (a classmethod: each access binds anew, so compare functions)
             and cls.reachable_block_mask.__func__ is base_single.reachable_block_mask.__func__
         )
-        g.partial_tail = not g.sliding and g.block_size != pool.hash_block_size
+        g.partial_tail = full_like and g.block_size != pool.hash_block_size
         g.record_ids = bool(mgr._record_new_block_ids)
         # estimate_cached_tokens counts its blocks: a prefix-cacheable spec
         # that is not cross-attention or encoder-only.
@@ -254,7 +264,8 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
         groups.append(g)
     p.groups = tuple(groups)
     p.ngroups = len(groups)
-    p.frees_early = any((<_Group> x).sliding or (<_Group> x).rswa for x in groups)
+    p.frees_early = any(
+        (<_Group> x).sliding or (<_Group> x).rswa or (<_Group> x).chunked for x in groups)
     p.caching = any((<_Group> x).caching for x in groups)
     p.pool = pool
     p.pool_core = (
@@ -310,6 +321,11 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
 # rest is FullAttentionManager's (its remove_skipped_blocks is called, as
 # vLLM calls it, when _gap_has_left says it frees a block).
 cdef frozenset _RSWA_OWN = frozenset({"__init__", "remove_skipped_blocks"})
+# ... and ChunkedLocalAttentionManager, over the base class: its skipped
+# tokens are done here (_skipped_tokens), its lookup stays vLLM's, its
+# common-prefix count (0.30, 0.31) is 0.
+cdef frozenset _CHUNKED_OWN = frozenset({
+    "__init__", "get_num_skipped_tokens", "find_longest_cache_hit", "get_num_common_prefix_blocks"})
 
 
 cdef bint _overrides_only(object cls, object base, frozenset own):
@@ -365,7 +381,7 @@ cdef int _plan_lookup(ManagerPlan p, object coordinator, object full_cls, object
         return 0
     g = <_Group> p.groups[0]
     if type(coordinator) is unitary_cls:
-        if p.ngroups != 1 or coordinator.block_size != bs:
+        if p.ngroups != 1 or coordinator.block_size != bs or g.chunked:
             return 0
         # vLLM's unitary coordinator: drop_eagle_block=0 in <that set>.
         specs = (
@@ -485,6 +501,16 @@ cdef Py_ssize_t _free_blocks(ManagerPlan p) except? -1:
     return p.pool.get_num_free_blocks()
 
 
+cdef inline Py_ssize_t _skipped_tokens(_Group g, Py_ssize_t n) noexcept:
+    # The manager's get_num_skipped_tokens(n), n >= 0: a window's tokens
+    # before it, a chunked group's before the current chunk, else none.
+    if g.sliding:
+        return n - g.skip_off if n > g.skip_off else 0
+    if g.chunked:
+        return _floordiv(n, g.chunk) * g.chunk
+    return 0
+
+
 cdef Py_ssize_t _num_blocks_to_allocate(_Group g, object rid, Py_ssize_t num_tokens,
                                         object new_computed, Py_ssize_t total_computed,
                                         bint admission_cap) except -1:
@@ -504,8 +530,7 @@ cdef Py_ssize_t _num_blocks_to_allocate(_Group g, object rid, Py_ssize_t num_tok
         return n if n > 0 else 0
     if new_computed is not None:
         nnew = PyList_GET_SIZE(new_computed)
-    if g.sliding and total_computed - g.skip_off > 0:
-        skipped = _floordiv(total_computed - g.skip_off, g.block_size)
+    skipped = _floordiv(_skipped_tokens(g, total_computed), g.block_size)
     local = nnew + have
     n = required - (skipped if skipped > local else local)
     if n < 0:
@@ -524,15 +549,17 @@ cdef Py_ssize_t _num_blocks_to_allocate(_Group g, object rid, Py_ssize_t num_tok
 
 
 cdef bint _window_has_left(ManagerPlan p, _Group g, object rid, Py_ssize_t processed) except -1:
-    # Would SlidingWindowManager.remove_skipped_blocks free a block? It frees
-    # backwards from the last skipped block until it meets a null one, so
-    # nothing unless that block is not null. Creates the request's entry as
-    # vLLM's ``self.req_to_blocks[request_id]`` does.
+    # Would the base class's remove_skipped_blocks (a sliding window's, a
+    # chunked group's) free a block? It frees backwards from the last
+    # skipped block until it meets a null one, so nothing unless that block
+    # is not null. Creates the request's entry as vLLM's
+    # ``self.req_to_blocks[request_id]`` does.
     cdef Py_ssize_t skipped, nblocks
-    if processed - g.skip_off <= 0:
+    skipped = _skipped_tokens(g, processed)
+    if skipped <= 0:
         return False
     blocks = _req_blocks(g, rid)
-    skipped = _floordiv(processed - g.skip_off, g.block_size)
+    skipped = _floordiv(skipped, g.block_size)
     nblocks = len(blocks)
     if skipped > nblocks:
         skipped = nblocks
@@ -574,7 +601,7 @@ cdef int _free_early(ManagerPlan p, object rid, Py_ssize_t processed, object pro
     cdef Py_ssize_t n_prompt = 0
     cdef bint prompt_known = prompt is not None and _count(prompt, &n_prompt)
     for g in p.groups:
-        if g.sliding:
+        if g.sliding or g.chunked:
             if _window_has_left(p, g, rid, processed):
                 g.mgr.remove_skipped_blocks(rid, processed, prompt)
         elif g.rswa and prompt is not None:
@@ -838,9 +865,7 @@ cdef int _adopt(ManagerPlan p, object rid, object blocks, Py_ssize_t num_local_c
         g = <_Group> p.groups[i]
         req_blocks = _req_blocks(g, rid)
         new = blocks[i] if blocks is not None else []
-        skipped = 0
-        if g.sliding and total - g.skip_off > 0:
-            skipped = _floordiv(total - g.skip_off, g.block_size)
+        skipped = _floordiv(_skipped_tokens(g, total), g.block_size)
         if skipped > 0:
             new = new[skipped:]
         if g.caching:
@@ -853,10 +878,11 @@ cdef int _adopt(ManagerPlan p, object rid, object blocks, Py_ssize_t num_local_c
         return 0
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
-        # Of the external tokens, those the window has not skipped.
+        # Of the external tokens, those the group has not skipped.
         kept = ext
-        if g.sliding and total - g.skip_off > 0:
-            kept = g.skip_off if g.skip_off < ext else ext
+        skipped = _skipped_tokens(g, total)
+        if skipped > 0 and total - skipped < ext:
+            kept = total - skipped
         if kept <= 0:
             continue
         req_blocks = _req_blocks(g, rid)
@@ -1526,7 +1552,7 @@ def get_num_common_prefix_blocks_0_30(self, running_request_id):
     """vLLM 0.30's and 0.31's ``KVCacheManager.get_num_common_prefix_blocks``
     (the scheduler calls it once a step): per group, how many leading blocks
     of the request's table every request with blocks holds -- counted for a
-    full-attention group, 0 for a sliding-window one."""
+    full-attention group, 0 for a sliding-window or chunked one."""
     cdef _Group g
     cdef Py_ssize_t i, j
     plan = self._kvpool_plan
@@ -1537,7 +1563,7 @@ def get_num_common_prefix_blocks_0_30(self, running_request_id):
     counts = [0] * p.ngroups
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
-        if g.sliding:
+        if g.sliding or g.chunked:
             continue
         # Indexed as vLLM's does: an unknown id gets an empty table
         # (req_to_blocks is a defaultdict) and counts 0.

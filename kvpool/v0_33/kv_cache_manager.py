@@ -30,11 +30,11 @@ request on every step).
 
 Which configurations the compiled paths serve is decided when the manager
 is built (``kvpool._manager.plan_for``): groups of full attention, sliding
-windows and R-SWA (reference sliding window), prefix caching on or off,
-with or without EAGLE / MTP / draft tokens. Anything else (Mamba, cross-attention, chunked
-local attention, HiSparse, context parallelism, ...) runs vLLM's code
-throughout; ``kvpool_fallback_reason``
-says why, and it is logged once per reason. Imports vLLM.
+windows, R-SWA (reference sliding window) and chunked local attention,
+prefix caching on or off, with or without EAGLE / MTP / draft tokens.
+Anything else (Mamba, cross-attention, HiSparse, context parallelism, ...)
+runs vLLM's code throughout; ``kvpool_fallback_reason`` says why, and it
+is logged once per reason. Imports vLLM.
 """
 
 from __future__ import annotations
@@ -142,6 +142,7 @@ class KVCacheManager(_vllm.KVCacheManager):
             full_cls=_single.FullAttentionManager,
             sliding_cls=_single.SlidingWindowManager,
             rswa_cls=getattr(_single, "RSWAManager", None),
+            chunked_cls=getattr(_single, "ChunkedLocalAttentionManager", None),
             base_single=_single.SingleTypeKVCacheManager,
             coordinator_classes=_COORDINATORS,
             unitary_cls=_coordinator.UnitaryKVCacheCoordinator,

@@ -12,8 +12,9 @@ of the examples: the layout (``LAYOUTS``: one full-attention group of block 4
 or 16; full attention + sliding window with equal block sizes, 4/4 and
 16/16; a sliding window alone, block 4; with a full-attention block larger
 than the hash block, 8 + 4 over hash 4 and 32 + 16 over hash 16, whose
-prompt tails are cached as partial blocks; R-SWA alone, block 4, window 8,
-whose decodes free the blocks between prompt and window; full/4, full/4 + sliding/4 and
+prompt tails are cached as partial blocks; R-SWA alone, block 4, window 4,
+whose decodes free the blocks between prompt and window; full attention +
+chunked local attention, block 4, chunks of 8; full/4, full/4 + sliding/4 and
 sliding/4 again under EAGLE, whose prefix-cache lookups drop the last hit
 block) and prefix caching on or off. Per example: KV events on or off;
 vLLM's metrics collector off, sampling half or every block (the global RNG
@@ -115,6 +116,8 @@ LAYOUTS: dict[str, tuple[tuple[vw.Group, ...], int]] = {
     # R-SWA: full attention freeing the blocks between the prompt and the
     # last 8 processed tokens.
     "rswa/4": ((G("rswa", 4, sliding_window=4),), 4),
+    # Chunked local attention beside full attention (Llama 4), chunks of 8.
+    "full/4+chunked/4": ((G("full", 4), G("chunked", 4, sliding_window=8)), 4),
 }
 # The same under EAGLE (use_eagle: the lookups drop the last hit block).
 LAYOUTS.update({

@@ -121,8 +121,9 @@ class Group(_v15.Group):
     """One KV-cache group: ``full`` attention, a ``sliding`` window, an
     ``rswa`` group (0.26 on: reference sliding window, full attention that
     frees the blocks between the prompt and the last ``sliding_window``
-    processed tokens), a ``sink`` group (sink attention, two blocks of
-    sink), or (0.33) a ``mamba`` state group in "align" cache
+    processed tokens), a ``chunked`` local-attention group (chunks of
+    ``sliding_window`` tokens, Llama 4's local layers), a ``sink`` group
+    (sink attention, two blocks of sink), or (0.33) a ``mamba`` state group in "align" cache
     mode (what enables vLLM 0.33's sub-block prefix hits and their
     copy-on-write). ``dtype``: an attention group's KV dtype; groups of
     different dtypes make a mixed-precision cache, whose new blocks vLLM
@@ -138,8 +139,12 @@ class Group(_v15.Group):
                 dtypes=(torch.float16,),
                 mamba_cache_mode="align",
             )
-        if self.kind in ("sink", "rswa"):
-            from vllm.v1.kv_cache_interface import RSWASpec, SinkFullAttentionSpec
+        if self.kind in ("sink", "rswa", "chunked"):
+            from vllm.v1.kv_cache_interface import (
+                ChunkedLocalAttentionSpec,
+                RSWASpec,
+                SinkFullAttentionSpec,
+            )
 
             common = {
                 "block_size": self.block_size,
@@ -149,6 +154,8 @@ class Group(_v15.Group):
             }
             if self.kind == "sink":
                 return SinkFullAttentionSpec(sink_len=2 * self.block_size, **common)
+            if self.kind == "chunked":
+                return ChunkedLocalAttentionSpec(attention_chunk_size=self.sliding_window, **common)
             return RSWASpec(rswa_window=self.sliding_window, **common)
         spec = super().spec()
         if self.dtype != "float16":

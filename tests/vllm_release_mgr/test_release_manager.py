@@ -148,6 +148,19 @@ if LATE_DRIVER:
     WORKLOADS["eagle+rswa"] = WORKLOADS["rswa"].scaled(
         name="EAGLE, 3 drafts, R-SWA", num_requests=_n(200), **eagle
     )
+    # Chunked local attention beside full attention (Llama 4): the blocks
+    # before the current 64-token chunk are freed at each chunk boundary;
+    # its lookup is vLLM's (nulls before the current chunk, then a forward
+    # scan). With a KV connector too: the external tokens a chunk skipped.
+    chunked = {"groups": (vw.Group("full", 16), vw.Group("chunked", 16, sliding_window=64))}
+    WORKLOADS["full+chunked"] = vw.HYBRID.scaled(
+        name="full + chunked local attention", num_requests=_n(300), num_blocks=NUM_BLOCKS,
+        **chunked,
+    )
+    WORKLOADS["connector+chunked"] = vw.HYBRID.scaled(
+        name="KV connector, full + chunked local attention", num_requests=_n(300),
+        num_blocks=NUM_BLOCKS, **connector, **chunked,
+    )
     if vw.HASH_LOOKAHEAD:
         # 0.33 on, the engine's default for the EAGLE family (prefix caching
         # on, no connector): lookahead block hashes, no EAGLE drop, each
@@ -248,6 +261,11 @@ def reference_run(key: str, w: vw.Workload) -> vw.Run:
         assert r.hits_on_blocks_in_use > 0
     if key == "mamba-cow":
         assert r.cow_copies > 0
+    chunked = [i for i, g in enumerate(w.groups) if g.kind == "chunked"]
+    if chunked:
+        # Chunks left behind were freed: a finished request's chunked table
+        # starts with a null block.
+        assert any(e[3][chunked[0]][:1] == [0] for e in r.trace if e[0] == "final")
     if any(g.kind == "rswa" for g in w.groups):
         # R-SWA freed gaps: a finished request's table holds a null block
         # (id 0) between two others.
@@ -413,8 +431,9 @@ def test_kvpool_manager_against_vllm(workload: vw.Workload, request: pytest.Fixt
                 # Every block the hash block: the prefix-cache lookups are
                 # done in C (one full-attention group, or full + sliding
                 # window, with EAGLE's drop and the window's extra block);
-                # with another block size, by vLLM's code.
-                if all(g.block_size == workload.hash_block_size for g in workload.groups):
+                # with another block size, or a chunked group, by vLLM's code.
+                if all(g.block_size == workload.hash_block_size and g.kind != "chunked"
+                       for g in workload.groups):
                     assert counts["lookups"] > 0, counts
                 else:
                     assert counts["lookups"] == 0, counts
