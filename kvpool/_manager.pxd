@@ -45,6 +45,7 @@ cdef class _SpecGroup:
     cdef bint sliding
     cdef bint drop_eagle          # EAGLE / MTP: its lookup drops the last hit block
     cdef Py_ssize_t window_blocks # sliding: cdiv(sliding_window - 1, block_size)
+    cdef Py_ssize_t chunk         # chunked local attention's chunk size; 0: not chunked
     # The group ids as the core's hash map keys them (at most 8: _spec_group
     # makes no _SpecGroup of more, so the lookup's hit arrays of 8 hold them).
     cdef uint32_t gids[8]

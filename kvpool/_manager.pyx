@@ -305,7 +305,8 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
         p.pool_core is not None
         and getattr(type(pool), "get_cached_block", None) is PoolCore.get_cached_block
     )
-    _plan_lookup(p, coordinator, full_cls, sliding_cls, unitary_cls, hybrid_cls, eagle_drop_attr)
+    _plan_lookup(p, coordinator, full_cls, sliding_cls, chunked_cls, unitary_cls, hybrid_cls,
+                 eagle_drop_attr)
     p.common_direct = (
         common_prefix_blocks is not None
         and getattr(type(coordinator), "get_num_common_prefix_blocks", None) is common_prefix_blocks
@@ -359,7 +360,8 @@ cdef _SpecGroup _spec_group(list group_ids, bint sliding, bint drop_eagle, Py_ss
 
 
 cdef int _plan_lookup(ManagerPlan p, object coordinator, object full_cls, object sliding_cls,
-                      object unitary_cls, object hybrid_cls, str eagle_drop_attr) except -1:
+                      object chunked_cls, object unitary_cls, object hybrid_cls,
+                      str eagle_drop_attr) except -1:
     # get_computed_blocks in C where vLLM's lookup is one pass: the unitary
     # coordinator over one full-attention or sliding-window group, or the
     # hybrid coordinator's "simple hybrid" (one spec of full attention, then
@@ -389,15 +391,17 @@ cdef int _plan_lookup(ManagerPlan p, object coordinator, object full_cls, object
                         g.mgr.kv_cache_spec.sliding_window if g.sliding else 0, bs),
         )
     else:
-        specs = _hybrid_specs(p, coordinator, full_cls, sliding_cls, hybrid_cls, bs)
+        specs = _hybrid_specs(p, coordinator, full_cls, sliding_cls, chunked_cls, hybrid_cls, bs)
     if specs is not None and None not in specs:
         p.lookup_specs = specs
     return 0
 
 
 cdef tuple _hybrid_specs(ManagerPlan p, object coordinator, object full_cls, object sliding_cls,
-                         object hybrid_cls, Py_ssize_t bs):
-    # The hybrid coordinator's simple hybrid (see _plan_lookup), or None.
+                         object chunked_cls, object hybrid_cls, Py_ssize_t bs):
+    # The hybrid coordinator's simple hybrid (see _plan_lookup), or None:
+    # full attention, then a sliding window or chunked local attention (not
+    # under EAGLE: vLLM's chunked finder asserts that it drops no block).
     if type(coordinator) is not hybrid_cls or coordinator._cache_hit_alignment_tokens != bs:
         return None
     groups = coordinator.attention_groups
@@ -405,7 +409,18 @@ cdef tuple _hybrid_specs(ManagerPlan p, object coordinator, object full_cls, obj
         return None
     full, window = groups[0], groups[1]
     if not any(c.__name__ == "FullAttentionSpec" for c in type(full.spec).__mro__) \
-            or full.manager_cls is not full_cls or window.manager_cls is not sliding_cls:
+            or full.manager_cls is not full_cls:
+        return None
+    if window.manager_cls is chunked_cls and chunked_cls is not None and not window.use_eagle:
+        if sorted(list(full.group_ids) + list(window.group_ids)) != list(range(p.ngroups)):
+            return None
+        chunked = _spec_group(window.group_ids, False, False, 0, bs)
+        if chunked is not None:
+            chunked.chunk = window.spec.attention_chunk_size
+            if chunked.chunk <= 0:
+                return None
+        return (_spec_group(full.group_ids, False, bool(full.use_eagle), 0, bs), chunked)
+    if window.manager_cls is not sliding_cls:
         return None
     if sorted(list(full.group_ids) + list(window.group_ids)) != list(range(p.ngroups)):
         return None
@@ -1306,6 +1321,32 @@ cdef Py_ssize_t _find_sliding(ManagerPlan p, _SpecGroup s, object get_cached_blo
     return (start + keep) * p.hash_block_size
 
 
+cdef Py_ssize_t _find_chunked(ManagerPlan p, _SpecGroup s, object get_cached_block, list hashes,
+                              Py_ssize_t max_length, list out) except -2:
+    # ChunkedLocalAttentionManager.find_longest_cache_hit, the block the
+    # hash block and the alignment, no EAGLE: the blocks before the current
+    # chunk count as hits (null blocks), then a walk from the chunk's first
+    # block to the first miss. Fills out's lists; returns the hit length, or
+    # -1 where vLLM's might index past the hashes (vLLM's method decides).
+    cdef Py_ssize_t i, j, bs = p.hash_block_size, n = max_length // bs, start = 0, k
+    cdef PyObject *hit[8]
+    cdef list holder = [None]
+    if n > PyList_GET_SIZE(hashes):
+        return -1
+    if max_length > 0:
+        start = _floordiv(max_length, s.chunk) * s.chunk // bs
+    if start:
+        for j in range(s.ngids):
+            (<list> PyList_GET_ITEM(out, j)).extend([p.null_block] * start)
+    k = start
+    for i in range(start, n):
+        if not _probe(p, s, get_cached_block, _hash_at(hashes, i), hit, holder):
+            break
+        _append_hit(s, out, hit)
+        k += 1
+    return k * bs
+
+
 cdef object _lookup_specs(ManagerPlan p, list hashes, Py_ssize_t max_length):
     # The coordinator's find_longest_cache_hit over p.lookup_specs: (blocks
     # of each group, hit length, uncached common prefix), or _VLLM. The
@@ -1331,6 +1372,10 @@ cdef object _lookup_specs(ManagerPlan p, list hashes, Py_ssize_t max_length):
             curr = _find_sliding(p, s, get_cached_block, hashes, reach, s.drop_eagle, out)
             if curr < 0:
                 return _VLLM
+        elif s.chunk:
+            curr = _find_chunked(p, s, get_cached_block, hashes, reach, out)
+            if curr < 0:
+                return _VLLM
         else:
             curr = _find_full(p, s, get_cached_block, hashes, reach, s.drop_eagle, out)
         if curr > longest:
@@ -1341,7 +1386,7 @@ cdef object _lookup_specs(ManagerPlan p, list hashes, Py_ssize_t max_length):
         k = _cdiv(curr, bs)
         for x in p.lookup_specs:
             s = <_SpecGroup> x
-            if not s.sliding:
+            if not s.sliding and not s.chunk:
                 for j in range(s.ngids):
                     del (<list> by_group[<Py_ssize_t> s.group_ids[j]])[k:]
     return tuple(by_group), curr, longest - curr

@@ -429,11 +429,11 @@ def test_kvpool_manager_against_vllm(workload: vw.Workload, request: pytest.Fixt
                 assert counts["adopt"] > 0, counts
                 assert counts["cache_calls"] + counts["cache_direct"] > 0, counts
                 # Every block the hash block: the prefix-cache lookups are
-                # done in C (one full-attention group, or full + sliding
-                # window, with EAGLE's drop and the window's extra block);
-                # with another block size, or a chunked group, by vLLM's code.
-                if all(g.block_size == workload.hash_block_size and g.kind != "chunked"
-                       for g in workload.groups):
+                # done in C (one full-attention group, or full + a sliding
+                # window or chunked local attention, with EAGLE's drop and
+                # the window's extra block); with another block size, by
+                # vLLM's code.
+                if all(g.block_size == workload.hash_block_size for g in workload.groups):
                     assert counts["lookups"] > 0, counts
                 else:
                     assert counts["lookups"] == 0, counts
