@@ -30,6 +30,8 @@ def plan_for(
     common_prefix_blocks: Any | None = None,
     eagle_drop_attr: str = "drop_eagle_group_ids",
     eagle_margin_to_hashes: bool = True,
+    rswa_cls: type | None = None,
+    chunked_cls: type | None = None,
 ) -> tuple[ManagerPlan, None] | tuple[None, str]: ...
 def refresh(self: Any) -> None: ...
 def allocate_slots(

@@ -14,9 +14,9 @@ scheduler calls for every running request on every step:
 - ``cache_blocks``: vLLM's coordinator only when a group has a block to
   cache (a full-attention group's new full blocks go to the pool directly);
 - ``get_computed_blocks``: the prefix-cache lookup of one full-attention
-  group, one sliding-window group, or full attention + a sliding window,
-  every block the hash block (EAGLE's dropped block and the window's extra
-  one included);
+  group, one sliding-window group, or full attention + a sliding window or
+  chunked local attention, every block the hash block (EAGLE's dropped
+  block and the window's extra one included);
 - ``free``, ``estimate_cached_tokens``, ``get_blocks``, ``get_block_ids``,
   ``take_new_block_ids``,
   ``remove_skipped_blocks`` (a window's or an R-SWA group's manager only
