@@ -346,36 +346,38 @@ class ManagerClock:
         self.seconds, self.calls, self.enabled = 0.0, 0, False
 
 
-def watch_windows() -> dict:
-    """Count what vLLM's own sliding-window manager does (in-process engine
-    core; the scenario's ``watch_windows``): blocks freed as they leave the
-    window (``remove_skipped_blocks``); the prefix-cache hits are counted by
-    ``watch_window_hits`` once the engine is built."""
-    from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager as manager
-
+def watch_windows(llm, kind: str = "SlidingWindowManager") -> dict:
+    """Count what vLLM's own sliding-window managers (or, with ``kind``,
+    another windowed class: ``ChunkedLocalAttentionManager``) do in the
+    built engine (in-process engine core; the scenario's ``watch_windows``:
+    true, or the class's name): blocks freed as they leave the window
+    (``remove_skipped_blocks``, every group of the kind); the first such
+    group's prefix-cache hits, those led by the null block (the blocks
+    before the window skipped) and their blocks, counted from what the
+    engine's KV-cache manager returns (kvpool's looks them up in C: vLLM's
+    window finder is not called there). The managers are watched on their
+    instances: a method set on the class would take a chunked-local one out
+    of kvpool's scope (its paths serve only the class vLLM ships)."""
     counts = {"freed": 0, "hits": 0, "null_led_hits": 0, "hit_blocks": 0}
-    remove = manager.remove_skipped_blocks
-
-    def live(self, request_id: str) -> int:
-        return sum(not b.is_null for b in self.req_to_blocks.get(request_id, ()))
-
-    def remove_skipped_blocks(self, request_id, *args, **kwargs):
-        before = live(self, request_id)
-        remove(self, request_id, *args, **kwargs)
-        counts["freed"] += before - live(self, request_id)
-
-    manager.remove_skipped_blocks = remove_skipped_blocks
-    return counts
-
-
-def watch_window_hits(llm, counts: dict) -> None:
-    """The sliding-window group's prefix-cache hits, those led by the null
-    block (the blocks before the window skipped) and their blocks, counted
-    from what the engine's KV-cache manager returns (kvpool's looks them up
-    in C: vLLM's window finder is not called there)."""
     manager = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager
     singles = manager.coordinator.single_type_managers
-    window = next(i for i, m in enumerate(singles) if type(m).__name__ == "SlidingWindowManager")
+    watched = [i for i, m in enumerate(singles) if type(m).__name__ == kind]
+
+    def live(single, request_id: str) -> int:
+        return sum(not b.is_null for b in single.req_to_blocks.get(request_id, ()))
+
+    def counted(single):
+        remove = single.remove_skipped_blocks
+
+        def remove_skipped_blocks(request_id, *args, **kwargs):
+            before = live(single, request_id)
+            remove(request_id, *args, **kwargs)
+            counts["freed"] += before - live(single, request_id)
+        return remove_skipped_blocks
+
+    for i in watched:
+        singles[i].remove_skipped_blocks = counted(singles[i])
+    window = watched[0]
     lookup = manager.get_computed_blocks
 
     def get_computed_blocks(*args, **kwargs):
@@ -388,6 +390,13 @@ def watch_window_hits(llm, counts: dict) -> None:
         return result
 
     manager.get_computed_blocks = get_computed_blocks
+    return counts
+
+
+def _window(spec) -> int | None:
+    """A KV-cache spec's sliding window, else its attention chunk size."""
+    window = getattr(spec, "sliding_window", None)
+    return window if window is not None else getattr(spec, "attention_chunk_size", None)
 
 
 def main() -> None:
@@ -411,7 +420,6 @@ def main() -> None:
             install_broken_manager(int(broken))
     if os.environ.get("KVPOOL_ENGINE_KEEP_EAGLE_BLOCK"):
         install_keeps_eagle_block()
-    windows = watch_windows() if scenario.get("watch_windows") else None
     if os.environ.get("KVPOOL_ENGINE_LEAKY"):
         install_leaky()
 
@@ -450,8 +458,11 @@ def main() -> None:
         speculative_config=scenario.get("speculative_config"),
         **kwargs,
     )
-    if windows is not None:
-        watch_window_hits(llm, windows)
+    # (true: the sliding-window managers; a name: those of that class)
+    window_kind = scenario.get("watch_windows")
+    if window_kind is True:
+        window_kind = "SlidingWindowManager"
+    windows = watch_windows(llm, window_kind) if window_kind else None
     params = SamplingParams(
         temperature=0, max_tokens=scenario["max_tokens"], ignore_eos=True, detokenize=False
     )
@@ -533,10 +544,11 @@ def main() -> None:
         manager_counts = plan.counts if plan is not None else None
         fallback = getattr(manager, "kvpool_fallback_reason", None)
         use_eagle = manager.use_eagle
-        # Each KV-cache group: its spec's class, sliding window, layers and
-        # the single-type manager serving it.
+        # Each KV-cache group: its spec's class, window (sliding window or
+        # attention chunk size; None: neither), layers and the single-type
+        # manager serving it.
         managers = scheduler.kv_cache_manager.coordinator.single_type_managers
-        kv_groups = [[type(g.kv_cache_spec).__name__, getattr(g.kv_cache_spec, "sliding_window", None),
+        kv_groups = [[type(g.kv_cache_spec).__name__, _window(g.kv_cache_spec),
                       list(g.layer_names), type(m).__name__]
                      for g, m in zip(scheduler.kv_cache_config.kv_cache_groups, managers)]
     if collector is not None:

@@ -67,6 +67,53 @@ def make_model(directory: Path | str, *, seed: int = 1234, layers: int | None = 
     return directory
 
 
+#: The Llama 4 text model's sizes (``make_chunked_model``): those of
+#: ``CONFIG``, no MoE layer, no QK norm (so that the query/key scale counts
+#: as in the Llama). Its layer pattern is Llama 4's: rope layers attend in
+#: chunks (``attention_chunk_size``), every 4th layer (no rope) to all tokens.
+LLAMA4 = {
+    **{k: CONFIG[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                              "num_key_value_heads", "head_dim", "vocab_size",
+                              "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
+                              "bos_token_id", "eos_token_id")},
+    "intermediate_size_mlp": CONFIG["intermediate_size"],
+    "interleave_moe_layer_step": 0,
+    "moe_layers": [],
+    "num_local_experts": 1,
+    "use_qk_norm": False,
+}
+
+
+def make_chunked_model(directory: Path | str, *, attention_chunk_size: int, layers: int = 4,
+                       seed: int = 1234) -> Path:
+    """A tiny Llama 4 text checkpoint (``Llama4ForCausalLM``) with chunked
+    local attention: layers 0-2 of every 4 attend within chunks of
+    ``attention_chunk_size`` tokens, layer 3 to all (transformers' own config
+    and model classes, then every weight but the norms drawn again at the
+    scales of ``_STD``: from_config's std 0.02 would make the model ignore
+    its context)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    directory = Path(directory)
+    config = AutoConfig.for_model("llama4_text", **LLAMA4, num_hidden_layers=layers,
+                                  attention_chunk_size=attention_chunk_size, dtype="float32")
+    model = AutoModelForCausalLM.from_config(config)
+    normal = _normal(seed)
+    kinds = {"embed_tokens": "embed", "q_proj": "q", "k_proj": "k", "v_proj": "v",
+             "o_proj": "o", "feed_forward": "mlp", "lm_head": "head"}
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            kind = next((v for k, v in kinds.items() if k in name), None)
+            if kind is not None:
+                param.copy_(normal(_STD[kind], *param.shape))
+            else:
+                assert "norm" in name, name
+                param.fill_(1.0)
+    model.save_pretrained(directory)
+    return directory
+
+
 def _normal(seed: int):
     """``normal(std, *shape)``: seeded random tensors, one generator a model."""
     import torch
