@@ -72,7 +72,9 @@ for release in "${releases[@]}"; do
     # From a neutral directory, so that kvpool comes from the environment (or
     # KVPOOL_MGR_PYTHON's checkout), not from the current directory.
     # shellcheck disable=SC2086
-    (cd "$tmp" && KVPOOL_VLLM_STRICT=1 PYTHONPATH=$tree${kvpool_path:+:$kvpool_path} \
+    # (KVPOOL_VLLM_EXPECT: the conftest fails if another vLLM was imported)
+    (cd "$tmp" && KVPOOL_VLLM_STRICT=1 KVPOOL_VLLM_EXPECT=$release \
+        PYTHONPATH=$tree${kvpool_path:+:$kvpool_path} \
         "$python" -m pytest "$repo/tests/vllm_release_mgr" --rootdir "$repo" \
         -q -p no:cacheprovider --junitxml "$tmp/$release.xml" \
         ${KVPOOL_VLLM_PYTEST_ARGS:-}) > "$log" 2>&1 || rc=$?

@@ -90,7 +90,9 @@ for release in $releases; do
     # From a neutral directory: the installed kvpool (compiled core) is the
     # one imported; --rootdir keeps the checkout's pytest settings.
     # shellcheck disable=SC2086
-    (cd "$tmp" && PYTHONPATH=$src KVPOOL_VLLM_STRICT=1 KVPOOL_RELEASE_SEEDS=$seeds \
+    # (KVPOOL_VLLM_EXPECT: the conftest fails if another vLLM was imported)
+    (cd "$tmp" && PYTHONPATH=$src KVPOOL_VLLM_STRICT=1 KVPOOL_VLLM_EXPECT=$release \
+        KVPOOL_RELEASE_SEEDS=$seeds \
         KVPOOL_RELEASE_CANDIDATES=$candidates \
         "$venv/bin/python" -m pytest "$repo/tests/vllm_release" --rootdir "$repo" -q \
         -p no:cacheprovider -W ignore::DeprecationWarning ${KVPOOL_VLLM_PYTEST_ARGS:-} \

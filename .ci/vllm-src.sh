@@ -38,7 +38,9 @@ if [ ! -f "$dir/.complete" ]; then
         exit 1
     }
     mkdir -p "$cache"
-    rm -rf "$dir"
+    # (Never removes $dir: only complete trees are moved there, and a step
+    # running beside this one may be importing from it -- removing it once
+    # made a release's tests import the environment's own vLLM.)
     partial=$(mktemp -d "$dir.partial.XXXXXX")
     trap 'rm -rf "$partial"' EXIT
     if [ "$kind" = sdist ]; then
@@ -60,5 +62,9 @@ PY
     touch "$partial/.complete"
     mv -T "$partial" "$dir" 2> /dev/null || rm -rf "$partial"  # a concurrent run won
     trap - EXIT
+    if [ ! -f "$dir/.complete" ]; then
+        echo "!!!!! vllm-src: $dir is not a complete tree (left by an older run?): remove it !!!!!" >&2
+        exit 1
+    fi
 fi
 echo "$dir"

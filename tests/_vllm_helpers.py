@@ -30,6 +30,24 @@ def check_strict_core() -> None:
         )
 
 
+def check_expected_release() -> None:
+    """``KVPOOL_VLLM_EXPECT`` (set by the per-release CI scripts to the
+    release whose tree they put first on ``PYTHONPATH``): the vLLM imported
+    must be that release. A tree missing when Python started (another step
+    replacing it, a fetch that failed quietly) would otherwise test the
+    environment's own vLLM under the release's name."""
+    expected = os.environ.get("KVPOOL_VLLM_EXPECT")
+    if not expected:
+        return
+    import vllm
+
+    if vllm.__version__ != expected:
+        raise pytest.UsageError(
+            f"KVPOOL_VLLM_EXPECT={expected} but vLLM {vllm.__version__} was imported "
+            f"(from {os.path.dirname(vllm.__file__)}): the release's tree was not on PYTHONPATH"
+        )
+
+
 def kvpool_entry_point() -> importlib.metadata.EntryPoint:
     """kvpool's ``vllm.general_plugins`` entry point; without it (kvpool not
     pip-installed) the test is skipped, or fails under KVPOOL_VLLM_STRICT=1."""

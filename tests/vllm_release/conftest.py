@@ -24,7 +24,7 @@ import os
 import re
 
 import pytest
-from _vllm_helpers import check_strict_core
+from _vllm_helpers import check_expected_release, check_strict_core
 
 VLLM_MISSING = VLLM_PROBLEM = ""
 try:
@@ -91,3 +91,4 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not VLLM_PROBLEM:
         check_strict_core()
+        check_expected_release()

@@ -15,7 +15,7 @@ import os
 import sys
 
 import pytest
-from _vllm_helpers import STRICT, check_strict_core
+from _vllm_helpers import STRICT, check_expected_release, check_strict_core
 from _vllm_helpers import no_leftover_install as no_leftover_install  # autouse
 
 # The two manager drivers, importable by module name (as in their own
@@ -76,6 +76,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             raise pytest.UsageError(f"KVPOOL_VLLM_STRICT=1 but {VLLM_MISSING}")
         return
     check_strict_core()
+    check_expected_release()
 
 
 @pytest.fixture(autouse=True)
