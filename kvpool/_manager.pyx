@@ -323,8 +323,8 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
 # vLLM calls it, when _gap_has_left says it frees a block).
 cdef frozenset _RSWA_OWN = frozenset({"__init__", "remove_skipped_blocks"})
 # ... and ChunkedLocalAttentionManager, over the base class: its skipped
-# tokens are done here (_skipped_tokens), its lookup stays vLLM's, its
-# common-prefix count (0.30, 0.31) is 0.
+# tokens are done here (_skipped_tokens), its finder beside full attention
+# too (_find_chunked), and its common-prefix count (0.30, 0.31) is 0.
 cdef frozenset _CHUNKED_OWN = frozenset({
     "__init__", "get_num_skipped_tokens", "find_longest_cache_hit", "get_num_common_prefix_blocks"})
 
