@@ -614,14 +614,13 @@ cdef int _free_early(ManagerPlan p, object rid, Py_ssize_t processed, object pro
     # calls change nothing). ``prompt``: num_prompt_tokens, or None.
     cdef _Group g
     cdef Py_ssize_t n_prompt = 0
-    cdef bint prompt_known = prompt is not None and _count(prompt, &n_prompt)
     for g in p.groups:
         if g.sliding or g.chunked:
             if _window_has_left(p, g, rid, processed):
                 g.mgr.remove_skipped_blocks(rid, processed, prompt)
         elif g.rswa and prompt is not None:
             # (a prompt length that is not a count: vLLM's method decides)
-            if not prompt_known or _gap_has_left(p, g, rid, processed, n_prompt):
+            if not _count(prompt, &n_prompt) or _gap_has_left(p, g, rid, processed, n_prompt):
                 g.mgr.remove_skipped_blocks(rid, processed, prompt)
     return 0
 

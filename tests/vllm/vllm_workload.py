@@ -106,13 +106,17 @@ class Group:
     block_size: int
     sliding_window: int = 0
 
-    def spec(self) -> KVCacheSpec:
-        common = {
+    def attention_fields(self) -> dict[str, Any]:
+        """The fields every attention spec of the drivers shares."""
+        return {
             "block_size": self.block_size,
             "num_kv_heads": 1,
             "head_size": 8,
             "dtype": torch.float16,
         }
+
+    def spec(self) -> KVCacheSpec:
+        common = self.attention_fields()
         if self.kind == "full":
             return FullAttentionSpec(**common)
         if self.kind == "sliding":

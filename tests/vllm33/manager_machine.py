@@ -114,7 +114,7 @@ LAYOUTS: dict[str, tuple[tuple[vw.Group, ...], int]] = {
     "full/8+sliding/4": ((G("full", 8), G("sliding", 4, sliding_window=10)), 4),
     "full/32+sliding/16": ((G("full", 32), G("sliding", 16, sliding_window=48)), 16),
     # R-SWA: full attention freeing the blocks between the prompt and the
-    # last 8 processed tokens.
+    # last 4 processed tokens.
     "rswa/4": ((G("rswa", 4, sliding_window=4),), 4),
     # Chunked local attention beside full attention (Llama 4), chunks of 8.
     "full/4+chunked/4": ((G("full", 4), G("chunked", 4, sliding_window=8)), 4),

@@ -146,12 +146,7 @@ class Group(_v15.Group):
                 SinkFullAttentionSpec,
             )
 
-            common = {
-                "block_size": self.block_size,
-                "num_kv_heads": 1,
-                "head_size": 8,
-                "dtype": getattr(torch, self.dtype),
-            }
+            common = {**self.attention_fields(), "dtype": getattr(torch, self.dtype)}
             if self.kind == "sink":
                 return SinkFullAttentionSpec(sink_len=2 * self.block_size, **common)
             if self.kind == "chunked":
