@@ -121,6 +121,14 @@ if hasattr(vw.FULL, "spec_tokens"):  # the 0.26+ driver: speculative decoding
     WORKLOADS["rswa"] = vw.FULL.scaled(
         name="R-SWA, window 128", groups=(vw.Group("rswa", 16, sliding_window=128),)
     )
+    # An encoder-decoder model (Whisper: 1,500 encoder tokens a request,
+    # 94 cross-attention blocks of 16), prefix caching off as vLLM runs it;
+    # a pool of 16,384 blocks for the 128 running requests.
+    WORKLOADS["cross"] = vw.FULL.scaled(
+        name="full + cross-attention (Whisper's 1,500 encoder tokens), no prefix caching",
+        groups=(vw.Group("full", 16), vw.Group("cross", 16)),
+        enable_caching=False, encoder_tokens=(1500, 1500), num_blocks=16384,
+    )
 if getattr(vw, "HASH_LOOKAHEAD", False):
     # 0.33 on: EAGLE as the engine runs it by default, with lookahead block
     # hashes (no dropped block; each BlockStored carries its lookahead token).

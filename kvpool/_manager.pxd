@@ -26,6 +26,9 @@ cdef class _Group:
     # (the blocks before the current chunk), every other path the base class's.
     cdef bint chunked
     cdef Py_ssize_t chunk         # attention_chunk_size
+    # CrossAttentionManager (encoder-decoder models, prefix caching off): the
+    # base class's paths over the request's encoder tokens, not its own.
+    cdef bint cross
     cdef bint has_cap             # max_admission_blocks_per_request is set
     cdef Py_ssize_t cap
     cdef bint caching             # the manager's enable_caching
@@ -77,6 +80,7 @@ cdef class ManagerPlan:
     cdef bint zero_chunk_adopts   # 0.31 on: a 0-token chunk may adopt computed tokens
     cdef object base_num_blocks   # the coordinator class's get_num_blocks_to_allocate
     cdef bint caching             # any group caches
+    cdef bint has_cross           # a cross-attention group (see _Group.cross)
     cdef object status_type       # RequestStatus (its members are singletons)
     # The pool's cache_full_blocks is kvpool's (the 0.33 facade's over the
     # compiled core): without events it is the core's _cache_run33.

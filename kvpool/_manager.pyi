@@ -32,6 +32,7 @@ def plan_for(
     eagle_margin_to_hashes: bool = True,
     rswa_cls: type | None = None,
     chunked_cls: type | None = None,
+    cross_cls: type | None = None,
 ) -> tuple[ManagerPlan, None] | tuple[None, str]: ...
 def refresh(self: Any) -> None: ...
 def allocate_slots(

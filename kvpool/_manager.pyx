@@ -160,14 +160,16 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
              bint has_prefill_end, bint zero_chunk_adopts, str cap_attr, pool_cache_full_blocks,
              pool_new_blocks_with_hooks, pool_event_extra_keys=None, common_prefix_blocks=None,
              str eagle_drop_attr="drop_eagle_group_ids", bint eagle_margin_to_hashes=True,
-             rswa_cls=None, chunked_cls=None):
+             rswa_cls=None, chunked_cls=None, cross_cls=None):
     """``(plan, None)`` if ``manager`` (a vLLM ``KVCacheManager``, built) is in
     the scope of these paths, else ``(None, reason)``.
 
     The scope: every group a ``FullAttentionManager``,
     ``SlidingWindowManager``, ``RSWAManager`` (``rswa_cls``, overriding only
-    what ``_RSWA_OWN`` names) or ``ChunkedLocalAttentionManager``
-    (``chunked_cls``, overriding only what ``_CHUNKED_OWN`` names) --
+    what ``_RSWA_OWN`` names), ``ChunkedLocalAttentionManager``
+    (``chunked_cls``, overriding only what ``_CHUNKED_OWN`` names) or
+    ``CrossAttentionManager`` (``cross_cls``, overriding only what
+    ``_CROSS_OWN`` names, prefix caching off as vLLM requires) --
     exactly those classes -- over the one pool, a
     coordinator of one of ``coordinator_classes`` (exactly), no groups that
     retain longer hits, no context parallelism. EAGLE / MTP (``use_eagle``,
@@ -213,8 +215,12 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
         cls = type(mgr)
         if cls is not full_cls and cls is not sliding_cls and not (
                 cls is rswa_cls and _overrides_only(cls, full_cls, _RSWA_OWN)) and not (
-                cls is chunked_cls and _overrides_only(cls, base_single, _CHUNKED_OWN)):
+                cls is chunked_cls and _overrides_only(cls, base_single, _CHUNKED_OWN)) and not (
+                cls is cross_cls and _overrides_only(cls, base_single, _CROSS_OWN)):
             return None, f"a {cls.__name__} group"
+        if cls is cross_cls and mgr.enable_caching:
+            # (vLLM's own cache_blocks raises for it: its code decides)
+            return None, f"a {cls.__name__} group with prefix caching"
         if mgr.block_pool is not pool:
             return None, "groups over different pools"
         if getattr(mgr, "dcp_world_size", 1) != 1 or getattr(mgr, "pcp_world_size", 1) != 1:
@@ -237,6 +243,7 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
             g.chunk = mgr.attention_chunk_size
             if g.chunk <= 0:
                 return None, "an attention chunk size that is not positive"
+        g.cross = cls is cross_cls
         full_like = cls is full_cls or g.rswa
         cap = getattr(mgr, cap_attr)
         g.has_cap = cap is not None
@@ -267,6 +274,7 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     p.frees_early = any(
         (<_Group> x).sliding or (<_Group> x).rswa or (<_Group> x).chunked for x in groups)
     p.caching = any((<_Group> x).caching for x in groups)
+    p.has_cross = any((<_Group> x).cross for x in groups)
     p.pool = pool
     p.pool_core = (
         pool
@@ -327,6 +335,14 @@ cdef frozenset _RSWA_OWN = frozenset({"__init__", "remove_skipped_blocks"})
 # too (_find_chunked), and its common-prefix count (0.30, 0.31) is 0.
 cdef frozenset _CHUNKED_OWN = frozenset({
     "__init__", "get_num_skipped_tokens", "find_longest_cache_hit", "get_num_common_prefix_blocks"})
+# ... and CrossAttentionManager, over the base class: with prefix caching off
+# (plan_for's condition) neither its lookup nor its cache_blocks is called,
+# its common-prefix count (0.30, 0.31) is the coordinator's zeros, and a
+# request adopting computed or external tokens goes to vLLM's code (its
+# add_local_computed_blocks keeps no count, _adopt would).
+cdef frozenset _CROSS_OWN = frozenset({
+    "add_local_computed_blocks", "allocate_external_computed_blocks", "cache_blocks",
+    "find_longest_cache_hit", "get_num_common_prefix_blocks"})
 
 
 cdef bint _overrides_only(object cls, object base, frozenset own):
@@ -977,16 +993,18 @@ cdef object _VLLM = object()
 cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
                       new_computed_blocks, num_lookahead_tokens,
                       num_external_computed_tokens, delay_cache_blocks,
-                      full_sequence_must_fit, reserved_blocks, has_scheduled_reqs,
-                      skip_zeroing):
+                      num_encoder_tokens, full_sequence_must_fit, reserved_blocks,
+                      has_scheduled_reqs, skip_zeroing):
     # KVCacheManager.allocate_slots, or _VLLM before anything changed.
     # ``skip_zeroing``: the groups whose external-token blocks are not
     # recorded for zeroing (0.32 on), None where the release has no such
-    # argument (every group records).
+    # argument (every group records). A cross-attention group's tokens are
+    # the encoder's (``num_encoder_tokens``, uncapped), as the coordinator's.
     cdef ManagerPlan p
     cdef _Group g
     cdef Py_ssize_t new_tokens, new_computed, lookahead, reserved, computed, watermark = 0
     cdef Py_ssize_t full_tokens, need, main_tokens, processed, required, i, nnew, ext, total
+    cdef Py_ssize_t enc = 0
     cdef bint any_new, adopts
     plan = self._kvpool_plan
     if (
@@ -1003,6 +1021,7 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         or not _count(num_lookahead_tokens, &lookahead)
         or not _count(reserved_blocks, &reserved)
         or not _count(request.num_computed_tokens, &computed)
+        or ((<ManagerPlan> plan).has_cross and not _count(num_encoder_tokens, &enc))
     ):
         if plan is not None:
             (<ManagerPlan> plan).n_base += 1
@@ -1013,7 +1032,8 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     adopt = _to_adopt(p, rid, new_computed_blocks, computed)
     # (a hit to adopt: _to_adopt has seen the request hold no blocks and not
     # run, what _takes_external checks)
-    if adopt is _VLLM or (ext > 0 and adopt is None and not _takes_external(p, rid)):
+    if adopt is _VLLM or (ext > 0 and adopt is None and not _takes_external(p, rid)) or (
+            p.has_cross and (adopt is not None or ext > 0)):
         p.n_base += 1
         return _VLLM
     # From here on this is vLLM's allocate_slots, in its order.
@@ -1039,9 +1059,12 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
             full_tokens = p.max_model_len
         required = 0
         for i in range(p.ngroups):
+            g = <_Group> p.groups[i]
+            if g.cross:
+                required += _num_blocks_to_allocate(g, rid, enc, None, 0, True)
+                continue
             required += _num_blocks_to_allocate(
-                <_Group> p.groups[i], rid, full_tokens,
-                None if adopt is None else adopt[i], total, True)
+                g, rid, full_tokens, None if adopt is None else adopt[i], total, True)
         if required + watermark > _free_blocks(p):
             return None
     main_tokens = total + new_tokens
@@ -1055,10 +1078,13 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         _free_early(p, rid, processed, request.num_prompt_tokens)
     required = 0
     for i in range(p.ngroups):
+        g = <_Group> p.groups[i]
+        if g.cross:
+            required += _num_blocks_to_allocate(g, rid, enc, None, 0, False)
+            continue
         # (total_computed_tokens: local + external, not capped here)
         required += _num_blocks_to_allocate(
-            <_Group> p.groups[i], rid, need, None if adopt is None else adopt[i],
-            computed + ext, False)
+            g, rid, need, None if adopt is None else adopt[i], computed + ext, False)
     if required + watermark > _free_blocks(p) - reserved:
         return None
     if adopts:
@@ -1068,7 +1094,7 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     any_new = False
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
-        if _cdiv(need, g.block_size) > len(_req_blocks(g, rid)):
+        if _cdiv(enc if g.cross else need, g.block_size) > len(_req_blocks(g, rid)):
             any_new = True
             break
     if not any_new:
@@ -1080,7 +1106,7 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
         blocks = _req_blocks(g, rid)
-        nnew = _cdiv(need, g.block_size) - len(blocks)
+        nnew = _cdiv(enc if g.cross else need, g.block_size) - len(blocks)
         if nnew <= 0:
             new = []
         else:
@@ -1128,7 +1154,7 @@ def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
     docs/manager.md (a partial-block hit, ...)."""
     result = _allocate(self, request, num_new_tokens, num_new_computed_tokens,
                        new_computed_blocks, num_lookahead_tokens,
-                       num_external_computed_tokens, delay_cache_blocks,
+                       num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens,
                        full_sequence_must_fit, reserved_blocks, has_scheduled_reqs,
                        skip_zeroing_group_ids)
     if result is not _VLLM:
@@ -1150,7 +1176,7 @@ def allocate_slots_0_30(self, request, num_new_tokens, num_new_computed_tokens=0
     blocks for zeroing), as ``allocate_slots``."""
     result = _allocate(self, request, num_new_tokens, num_new_computed_tokens,
                        new_computed_blocks, num_lookahead_tokens,
-                       num_external_computed_tokens, delay_cache_blocks,
+                       num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens,
                        full_sequence_must_fit, reserved_blocks, has_scheduled_reqs, None)
     if result is not _VLLM:
         return result
@@ -1645,7 +1671,7 @@ def coordinator_get_num_blocks_to_allocate(self, request_id, num_tokens, new_com
     0.31's ``prefill_end``, only matter to Mamba groups): in C when no group
     has new computed blocks."""
     cdef ManagerPlan p
-    cdef Py_ssize_t tokens = 0, total = 0, required = 0
+    cdef Py_ssize_t tokens = 0, total = 0, required = 0, enc = 0
     plan = self._kvpool_plan
     if plan is None:
         return type(self).get_num_blocks_to_allocate(
@@ -1654,6 +1680,7 @@ def coordinator_get_num_blocks_to_allocate(self, request_id, num_tokens, new_com
             apply_admission_cap, *args, **kwargs)
     p = <ManagerPlan> plan
     fast = _count(num_tokens, &tokens) and _count(total_computed_tokens, &total) \
+        and (not p.has_cross or _count(num_encoder_tokens, &enc)) \
         and PyTuple_CheckExact(new_computed_blocks) and len(new_computed_blocks) == p.ngroups \
         and (not (args or kwargs) or (p.has_prefill_end and len(args) + len(kwargs) == 1
                                       and (args or "prefill_end" in kwargs)))
@@ -1669,8 +1696,12 @@ def coordinator_get_num_blocks_to_allocate(self, request_id, num_tokens, new_com
                                  apply_admission_cap, *args, **kwargs)
     admission_cap = bool(apply_admission_cap)
     for g in p.groups:
-        required += _num_blocks_to_allocate(<_Group> g, request_id, tokens, None, total,
-                                            admission_cap)
+        if (<_Group> g).cross:  # (the coordinator's: the encoder's tokens, none computed)
+            required += _num_blocks_to_allocate(<_Group> g, request_id, enc, None, 0,
+                                                admission_cap)
+        else:
+            required += _num_blocks_to_allocate(<_Group> g, request_id, tokens, None, total,
+                                                admission_cap)
     return required
 
 

@@ -31,8 +31,9 @@ request on every step).
 Which configurations the compiled paths serve is decided when the manager
 is built (``kvpool._manager.plan_for``): groups of full attention, sliding
 windows, R-SWA (reference sliding window) and chunked local attention,
-prefix caching on or off, with or without EAGLE / MTP / draft tokens.
-Anything else (Mamba, cross-attention, HiSparse, context parallelism, ...)
+prefix caching on or off, with or without EAGLE / MTP / draft tokens, and
+cross-attention (encoder-decoder models, which run without prefix caching).
+Anything else (Mamba, HiSparse, context parallelism, ...)
 runs vLLM's code throughout; ``kvpool_fallback_reason`` says why, and it
 is logged once per reason. Imports vLLM.
 """
@@ -143,6 +144,7 @@ class KVCacheManager(_vllm.KVCacheManager):
             sliding_cls=_single.SlidingWindowManager,
             rswa_cls=getattr(_single, "RSWAManager", None),
             chunked_cls=getattr(_single, "ChunkedLocalAttentionManager", None),
+            cross_cls=getattr(_single, "CrossAttentionManager", None),
             base_single=_single.SingleTypeKVCacheManager,
             coordinator_classes=_COORDINATORS,
             unitary_cls=_coordinator.UnitaryKVCacheCoordinator,

@@ -131,6 +131,26 @@ def prompts(scenario: dict, wave: int = 0) -> list[list[int]]:
     return out
 
 
+def whisper_prompts(scenario: dict) -> list[dict]:
+    """Encoder-decoder requests for a Whisper model: each an audio clip of
+    its own (a tone of its own pitch in noise, 4 s at 16 kHz, the tiny
+    model's whole window) and Whisper's decoder prompt."""
+    import numpy as np
+
+    from tiny_model import WHISPER_DECODER_PROMPT
+
+    rng = np.random.default_rng(scenario.get("seed", 7))
+    t = np.arange(4 * 16000) / 16000
+    out = []
+    for _ in range(scenario["num_requests"]):
+        audio = 0.3 * np.sin(2 * np.pi * rng.uniform(100, 4000) * t) + 0.1 * rng.standard_normal(t.size)
+        out.append({
+            "encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": (audio.astype(np.float32), 16000)}},
+            "decoder_prompt": {"prompt_token_ids": list(WHISPER_DECODER_PROMPT)},
+        })
+    return out
+
+
 def _wave_stats(started: float) -> dict:
     """Seconds of a wave of requests, and the process's RSS and live Python
     objects after it (the soak benchmark's flatness check)."""
@@ -208,7 +228,10 @@ def _installed_manager():
 
 def install_broken_manager(every: int, external_only: bool = False) -> None:
     """Install kvpool, then rebind the scheduler's KVCacheManager to kvpool's
-    manager broken in one detail: every ``every``-th ``allocate_slots`` leaves
+    manager broken in one detail: with ``every`` 0
+    (``KVPOOL_ENGINE_BROKEN_MANAGER=cross``), every ``allocate_slots``
+    reserves half the encoder's tokens for cross-attention (what a
+    compiled path reading the wrong count would do); else every ``every``-th ``allocate_slots`` leaves
     its new full blocks uncached (as if ``delay_cache_blocks`` were set), so
     later requests miss prefix-cache hits (``KVPOOL_ENGINE_BROKEN_MANAGER``:
     the proof that the identity tests catch a wrong manager).
@@ -220,6 +243,9 @@ def install_broken_manager(every: int, external_only: bool = False) -> None:
 
     class BrokenKVCacheManager(base):  # type: ignore[misc, valid-type]
         def allocate_slots(self, request, num_new_tokens, *args, **kwargs):
+            if not every:
+                kwargs["num_encoder_tokens"] = kwargs.get("num_encoder_tokens", 0) // 2
+                return super().allocate_slots(request, num_new_tokens, *args, **kwargs)
             if external_only:
                 # (num_new_computed_tokens, new_computed_blocks, lookahead,
                 # external tokens: the scheduler passes the last by keyword)
@@ -416,6 +442,8 @@ def main() -> None:
         broken = os.environ["KVPOOL_ENGINE_BROKEN_MANAGER"]
         if broken == "external":
             install_broken_manager(1, external_only=True)
+        elif broken == "cross":
+            install_broken_manager(0)
         else:
             install_broken_manager(int(broken))
     if os.environ.get("KVPOOL_ENGINE_KEEP_EAGLE_BLOCK"):
@@ -437,13 +465,18 @@ def main() -> None:
         kwargs["kv_transfer_config"] = KVTransferConfig(
             kv_connector=scenario["kv_connector"], kv_role="kv_both",
             kv_connector_extra_config={"shared_storage_path": str(store)})
+    whisper = scenario.get("whisper", False)
+    if whisper:
+        # An encoder-decoder model: one audio clip a request, prefix caching
+        # off (vLLM's only mode for these), the processor's tokenizer read.
+        kwargs["limit_mm_per_prompt"] = {"audio": 1}
     if collector is not None:
         kwargs["kv_events_config"] = KVEventsConfig(
             enable_kv_cache_events=True, publisher="zmq", endpoint=f"tcp://127.0.0.1:{port}"
         )
     llm = LLM(
         model=model_dir,
-        skip_tokenizer_init=True,
+        skip_tokenizer_init=not whisper,
         block_size=scenario.get("block_size", 32),
         enforce_eager=True,
         enable_prefix_caching=scenario.get("prefix_caching", True),
@@ -495,7 +528,8 @@ def main() -> None:
         wave_started = time.monotonic()
         if profiler is not None:
             profiler.enable()
-        requests = [TokensPrompt(prompt_token_ids=p) for p in prompts(scenario, wave)]
+        requests = whisper_prompts(scenario) if whisper else [
+            TokensPrompt(prompt_token_ids=p) for p in prompts(scenario, wave)]
         results = llm.generate(requests, params, use_tqdm=False)
         if profiler is not None:
             profiler.disable()

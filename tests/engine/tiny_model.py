@@ -230,3 +230,76 @@ def make_mtp_model(directory: Path | str, *, seed: int = 2468) -> Path:
     tensors["lm_head.weight"] = normal(_STD["head"], vocab, hidden)
     _save(directory, tensors, config)
     return directory
+
+
+#: Whisper's decoder prompt: <|startoftranscript|> <|en|> <|transcribe|> <|notimestamps|>.
+WHISPER_DECODER_PROMPT = [50258, 50259, 50359, 50363]
+
+
+def make_whisper_model(directory: Path | str, *, seed: int = 1234, chunk_seconds: int = 4) -> Path:
+    """A tiny Whisper checkpoint (transformers' ``WhisperForConditionalGeneration``:
+    1 encoder layer, 2 decoder layers, d_model 64, head_dim 32) with its
+    processor: a feature extractor whose audio window is ``chunk_seconds``
+    (4 s: 400 mel frames, 200 encoder tokens, the encoder's positions), and a
+    made-up tokenizer of Whisper's 51,865 ids whose special tokens sit at
+    Whisper's ids (``WHISPER_DECODER_PROMPT``). Every weight but the norms'
+    and biases is drawn again at an ordinary scale, so that the decoder's
+    cross-attention reads the encoder's output: a wrong cross-attention
+    block changes the tokens."""
+    import torch
+    from transformers import (
+        WhisperConfig,
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+        WhisperProcessor,
+        WhisperTokenizer,
+    )
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    frames = chunk_seconds * 100
+    config = WhisperConfig(
+        vocab_size=51865, num_mel_bins=80, encoder_layers=1, decoder_layers=2,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=128,
+        decoder_ffn_dim=128, d_model=64, max_source_positions=frames // 2,
+        max_target_positions=448, decoder_start_token_id=WHISPER_DECODER_PROMPT[0],
+    )
+    model = WhisperForConditionalGeneration(config)
+    normal = _normal(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "layer_norm" in name:
+                param.fill_(1.0 if name.endswith("weight") else 0.0)
+            elif name.endswith("bias"):
+                param.zero_()
+            elif name.endswith("embed_positions.weight"):
+                param.copy_(normal(0.3, *param.shape))
+            elif name.endswith("embed_tokens.weight"):
+                param.copy_(normal(1.0, *param.shape))
+            else:  # projections and convolutions: std 1/sqrt(fan_in), then x1.5
+                fan_in = param[0].numel()
+                param.copy_(normal(1.5 / fan_in ** 0.5, *param.shape))
+    model.save_pretrained(directory)
+    # The tokenizer: byte-level symbols, filler tokens, then Whisper's
+    # special tokens and timestamps at their ids (no merges: ids only).
+    symbols = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + [
+        chr(c) for c in range(174, 256)] + [chr(256 + i) for i in range(68)]
+    vocab = {s: i for i, s in enumerate(symbols)}
+    while len(vocab) < 50257:
+        vocab[f"t{len(vocab)}"] = len(vocab)
+    specials = (["<|endoftext|>", "<|startoftranscript|>", "<|en|>"]
+                + [f"<|lang{i}|>" for i in range(98)]
+                + ["<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>",
+                   "<|nocaptions|>", "<|notimestamps|>"])
+    for s in specials:
+        vocab[s] = len(vocab)
+    while len(vocab) < config.vocab_size:
+        vocab[f"<|{(len(vocab) - 50364) * 0.02:.2f}|>"] = len(vocab)
+    assert [vocab[s] for s in ("<|startoftranscript|>", "<|en|>", "<|transcribe|>",
+                               "<|notimestamps|>")] == WHISPER_DECODER_PROMPT
+    (directory / "vocab.json").write_text(json.dumps(vocab))
+    (directory / "merges.txt").write_text("#version: 0.2\n")
+    tokenizer = WhisperTokenizer(str(directory / "vocab.json"), str(directory / "merges.txt"))
+    extractor = WhisperFeatureExtractor(feature_size=80, chunk_length=chunk_seconds)
+    WhisperProcessor(feature_extractor=extractor, tokenizer=tokenizer).save_pretrained(directory)
+    return directory

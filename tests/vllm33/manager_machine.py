@@ -89,6 +89,7 @@ from vllm_workload import _ids, _stats_tuple
 
 __all__ = [
     "BROKEN",
+    "CASES",
     "LAYOUTS",
     "MISMATCH",
     "ManagerMachine",
@@ -118,11 +119,31 @@ LAYOUTS: dict[str, tuple[tuple[vw.Group, ...], int]] = {
     "rswa/4": ((G("rswa", 4, sliding_window=4),), 4),
     # Chunked local attention beside full attention (Llama 4), chunks of 8.
     "full/4+chunked/4": ((G("full", 4), G("chunked", 4, sliding_window=8)), 4),
+    # An encoder-decoder model: full attention + cross-attention over each
+    # request's encoder tokens (``ManagerMachine.encoder_tokens``), prefix
+    # caching off (as vLLM runs it: ``CASES``).
+    "full/4+cross/4": ((G("full", 4), G("cross", 4)), 4),
 }
 # The same under EAGLE (use_eagle: the lookups drop the last hit block).
 LAYOUTS.update({
     f"{name}+eagle": LAYOUTS[name] for name in ("full/4", "full/4+sliding/4", "sliding/4")
 })
+
+
+
+def no_caching_only(layout: str) -> bool:
+    """Whether vLLM runs ``layout`` only without prefix caching (a
+    cross-attention group: its manager's ``cache_blocks`` raises)."""
+    return any(g.kind == "cross" for g in LAYOUTS[layout][0])
+
+
+#: The (layout, prefix caching) pairs the state-machine tests run.
+CASES = [
+    (layout, caching)
+    for layout in LAYOUTS
+    for caching in (True, False)
+    if not (caching and no_caching_only(layout))
+]
 
 LORAS = (
     LoRARequest("adapter-0", 1, "/nonexistent/adapter-0"),
@@ -502,6 +523,7 @@ class ManagerMachine(RuleBasedStateMachine):
         refuse it with a ``ValueError``)."""
         twin = self._pick(self._live("waiting"), pick)
         max_model_len = self.w.max_model_len
+        encoder = self.encoder_tokens(twin)
 
         def call(mgr, req):
             if lookup:
@@ -519,6 +541,8 @@ class ManagerMachine(RuleBasedStateMachine):
                 new_computed_blocks=computed,
                 num_lookahead_tokens=lookahead,
                 delay_cache_blocks=delay,
+                # (the encoder input is scheduled with the chunk from token 0)
+                num_encoder_tokens=encoder if req.num_computed_tokens + hit == 0 else 0,
                 full_sequence_must_fit=must_fit,
                 reserved_blocks=reserved,
                 has_scheduled_reqs=has_scheduled,
@@ -540,6 +564,13 @@ class ManagerMachine(RuleBasedStateMachine):
         twin.set(status=RequestStatus.RUNNING, num_computed_tokens=hit + num_new)
         twin.add(num_in_flight_tokens=num_new)
         twin.steps.append((num_new, 0, hit + num_new, delay))
+
+    def encoder_tokens(self, twin) -> int:
+        """A request's encoder tokens: 1-23 by its number, for a layout with
+        a cross-attention group, else none."""
+        if not no_caching_only(self.layout):
+            return 0
+        return 1 + int(twin.rid.split("-")[1]) * 7 % 23
 
     def schedule_running(
         self, pick, chunk, drafts, lookahead, delay, reserved, overlap, as_type, accepted, tokens

@@ -42,8 +42,10 @@ EXAMPLES = int(os.environ.get("KVPOOL_HYPOTHESIS_EXAMPLES", "30"))
 DEV_MODE_EXAMPLES = 5
 
 
-@pytest.mark.parametrize("caching", [True, False], ids=["caching", "no-caching"])
-@pytest.mark.parametrize("layout", list(mm.LAYOUTS))
+@pytest.mark.parametrize(
+    ("layout", "caching"),
+    [pytest.param(l, c, id=f"{l}-{'caching' if c else 'no-caching'}") for l, c in mm.CASES],
+)
 def test_state_machine(layout: str, caching: bool, all_cores) -> None:
     machine = mm.machine_for(layout, caching, KVCacheManager, vllm_block_pool_class, all_cores)
     run_state_machine_as_test(machine, settings=settings(settings(), max_examples=EXAMPLES))
@@ -57,7 +59,7 @@ def test_state_machine_under_dev_mode(no_c_extensions) -> None:
         "vllm33/test_manager_stateful.py",
         no_c_extensions,
         DEV_MODE_EXAMPLES,
-        passed=2 * len(mm.LAYOUTS),
+        passed=len(mm.CASES),
     )
 
 

@@ -125,7 +125,9 @@ class Group(_v15.Group):
     ``sliding_window`` tokens, Llama 4's local layers), a ``sink`` group
     (sink attention, two blocks of sink), or (0.33) a ``mamba`` state group in "align" cache
     mode (what enables vLLM 0.33's sub-block prefix hits and their
-    copy-on-write). ``dtype``: an attention group's KV dtype; groups of
+    copy-on-write), or a ``cross`` attention group (an encoder-decoder
+    model's: its blocks hold the request's encoder tokens, allocated when
+    the request is admitted; prefix caching off). ``dtype``: an attention group's KV dtype; groups of
     different dtypes make a mixed-precision cache, whose new blocks vLLM
     records for zeroing (``take_new_block_ids``)."""
 
@@ -139,14 +141,17 @@ class Group(_v15.Group):
                 dtypes=(torch.float16,),
                 mamba_cache_mode="align",
             )
-        if self.kind in ("sink", "rswa", "chunked"):
+        if self.kind in ("sink", "rswa", "chunked", "cross"):
             from vllm.v1.kv_cache_interface import (
                 ChunkedLocalAttentionSpec,
+                CrossAttentionSpec,
                 RSWASpec,
                 SinkFullAttentionSpec,
             )
 
             common = {**self.attention_fields(), "dtype": getattr(torch, self.dtype)}
+            if self.kind == "cross":
+                return CrossAttentionSpec(**common)
             if self.kind == "sink":
                 return SinkFullAttentionSpec(sink_len=2 * self.block_size, **common)
             if self.kind == "chunked":
@@ -206,6 +211,12 @@ class Workload(_v15.Workload):
     load_steps: int = 2
     failed_load_every: int = 3
     aborted_load_every: int = 5
+    # An encoder-decoder model (a ``cross`` group): each request's encoder
+    # tokens, drawn from this range (both ends included), are passed as
+    # ``num_encoder_tokens`` with the chunk that starts it from token 0 (an
+    # admission, a preempted request's too), as vLLM's scheduler does when it
+    # schedules the encoder input. (0, 0): none.
+    encoder_tokens: tuple[int, int] = (0, 0)
 
     @property
     def num_lookahead_tokens(self) -> int:
@@ -290,11 +301,14 @@ def build_requests(w: Workload) -> list[Request]:
     hasher = request_block_hasher(w)
     requests = []
     specs = _request_specs(w)
+    encoder_rng = random.Random(w.seed + 3)
     for i, spec in enumerate(specs):
         if w.repeat_every and i % w.repeat_every == w.repeat_every - 1:
             spec = dataclasses.replace(spec, prompt=specs[i - 1].prompt)
         req = new_request(spec.request_id, spec.prompt, len(spec.outputs), hasher, spec.lora)
         req._kvpool_outputs = spec.outputs  # the tokens the "model" will emit
+        req._kvpool_encoder_tokens = (
+            encoder_rng.randint(*w.encoder_tokens) if w.encoder_tokens[1] else 0)
         requests.append(req)
     return requests
 
@@ -620,7 +634,8 @@ def run(
                     num_lookahead_tokens=0 if load_async else w.num_lookahead_tokens,
                     num_external_computed_tokens=ext,
                     delay_cache_blocks=load_async,
-                    num_encoder_tokens=0,
+                    # (the encoder input is scheduled with the chunk from token 0)
+                    num_encoder_tokens=req._kvpool_encoder_tokens if start == 0 else 0,
                     full_sequence_must_fit=True,
                     reserved_blocks=0,
                     has_scheduled_reqs=bool(running),

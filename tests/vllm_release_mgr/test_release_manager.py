@@ -161,6 +161,19 @@ if LATE_DRIVER:
         name="KV connector, full + chunked local attention", num_requests=_n(300),
         num_blocks=NUM_BLOCKS, **connector, **chunked,
     )
+    # An encoder-decoder model (Whisper's decoder): full self-attention and
+    # cross-attention over each request's 16-400 encoder tokens, allocated
+    # when it is admitted (again after a preemption); prefix caching off, as
+    # vLLM runs these models (its coordinator without prefix caching).
+    WORKLOADS["full+cross"] = vw.FULL.scaled(
+        name="encoder-decoder: full + cross-attention, prefix caching off",
+        groups=(vw.Group("full", 16), vw.Group("cross", 16)),
+        enable_caching=False, encoder_tokens=(16, 400),
+        # (prompts in chunks: the admission check, over the whole prompt,
+        # is not the per-step one)
+        token_budget=256,
+        num_requests=_n(300), num_blocks=NUM_BLOCKS // 2,
+    )
     if vw.HASH_LOOKAHEAD:
         # 0.33 on, the engine's default for the EAGLE family (prefix caching
         # on, no connector): lookahead block hashes, no EAGLE drop, each
@@ -266,6 +279,12 @@ def reference_run(key: str, w: vw.Workload) -> vw.Run:
         # Chunks left behind were freed: a finished request's chunked table
         # starts with a null block.
         assert any(e[3][chunked[0]][:1] == [0] for e in r.trace if e[0] == "final")
+    cross = [i for i, g in enumerate(w.groups) if g.kind == "cross"]
+    if cross:
+        # Encoder blocks held to the end, and allocated again for the
+        # preempted requests.
+        assert any(e[3][cross[0]] for e in r.trace if e[0] == "final")
+        assert r.preemptions > 0
     if any(g.kind == "rswa" for g in w.groups):
         # R-SWA freed gaps: a finished request's table holds a null block
         # (id 0) between two others.

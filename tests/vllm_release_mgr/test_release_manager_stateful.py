@@ -47,8 +47,10 @@ def pool_class(core) -> type:
     return vllm_block_pool_class(LINE.name, core)
 
 
-@pytest.mark.parametrize("caching", [True, False], ids=["caching", "no-caching"])
-@pytest.mark.parametrize("layout", list(mm.LAYOUTS))
+@pytest.mark.parametrize(
+    ("layout", "caching"),
+    [pytest.param(l, c, id=f"{l}-{'caching' if c else 'no-caching'}") for l, c in mm.CASES],
+)
 def test_manager_state_machine(layout: str, caching: bool, all_cores) -> None:
     machine = mm.machine_for(layout, caching, manager_class(), pool_class, all_cores)
     run_state_machine_as_test(machine, settings=settings(settings(), max_examples=EXAMPLES))
