@@ -6,7 +6,8 @@ from libc.stdint cimport uint32_t
 
 cdef class _Group:
     # One of vLLM's single-type managers (FullAttentionManager,
-    # SlidingWindowManager, RSWAManager or ChunkedLocalAttentionManager),
+    # SlidingWindowManager, RSWAManager, ChunkedLocalAttentionManager,
+    # CrossAttentionManager, MambaManager or CircularBufferManager),
     # with what its hot paths read, fixed when the manager is built.
     cdef object mgr               # vLLM's manager object itself
     # Its request tables, as bound when the plan was made (vLLM binds them
@@ -29,6 +30,16 @@ cdef class _Group:
     # CrossAttentionManager (encoder-decoder models, prefix caching off): the
     # base class's paths over the request's encoder tokens, not its own.
     cdef bint cross
+    # MambaManager in mamba_cache_mode "none" (prefix caching off): the base
+    # class's paths with get_num_skipped_tokens(n) = n - 1 (only the state
+    # after the last token is kept) and, for speculative decoding, its
+    # num_speculative_blocks blocks' tokens added to every count.
+    cdef bint mamba
+    cdef Py_ssize_t extra_tokens  # block_size * num_speculative_blocks; 0 for other classes
+    # CircularBufferManager (and 0.30/0.31's KpoolTailManager, its empty
+    # subclass): one ring block a request, claimed when it has none; no
+    # prefix caching, no hits, nothing skipped.
+    cdef bint ring
     cdef bint has_cap             # max_admission_blocks_per_request is set
     cdef Py_ssize_t cap
     cdef bint caching             # the manager's enable_caching

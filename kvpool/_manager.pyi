@@ -33,6 +33,9 @@ def plan_for(
     rswa_cls: type | None = None,
     chunked_cls: type | None = None,
     cross_cls: type | None = None,
+    mamba_cls: type | None = None,
+    ring_cls: type | None = None,
+    kpool_tail_cls: type | None = None,
 ) -> tuple[ManagerPlan, None] | tuple[None, str]: ...
 def refresh(self: Any) -> None: ...
 def allocate_slots(

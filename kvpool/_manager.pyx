@@ -113,7 +113,7 @@ cdef class _SpecGroup:
 
 cdef str _kind(_Group g):
     return ("sliding" if g.sliding else "rswa" if g.rswa else "chunked" if g.chunked
-            else "full")
+            else "cross" if g.cross else "mamba" if g.mamba else "ring" if g.ring else "full")
 
 
 @cython.final
@@ -160,7 +160,8 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
              bint has_prefill_end, bint zero_chunk_adopts, str cap_attr, pool_cache_full_blocks,
              pool_new_blocks_with_hooks, pool_event_extra_keys=None, common_prefix_blocks=None,
              str eagle_drop_attr="drop_eagle_group_ids", bint eagle_margin_to_hashes=True,
-             rswa_cls=None, chunked_cls=None, cross_cls=None):
+             rswa_cls=None, chunked_cls=None, cross_cls=None, mamba_cls=None,
+             ring_cls=None, kpool_tail_cls=None):
     """``(plan, None)`` if ``manager`` (a vLLM ``KVCacheManager``, built) is in
     the scope of these paths, else ``(None, reason)``.
 
@@ -169,7 +170,12 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     what ``_RSWA_OWN`` names), ``ChunkedLocalAttentionManager``
     (``chunked_cls``, overriding only what ``_CHUNKED_OWN`` names) or
     ``CrossAttentionManager`` (``cross_cls``, overriding only what
-    ``_CROSS_OWN`` names, prefix caching off as vLLM requires) --
+    ``_CROSS_OWN`` names, prefix caching off as vLLM requires) or
+    ``MambaManager`` (``mamba_cls``, overriding only what ``_MAMBA_OWN``
+    names, in ``mamba_cache_mode`` "none": prefix caching off) or
+    ``CircularBufferManager`` (``ring_cls``, overriding only what
+    ``_RING_OWN`` names; and 0.30/0.31's ``KpoolTailManager``,
+    ``kpool_tail_cls``, an empty subclass of it) --
     exactly those classes -- over the one pool, a
     coordinator of one of ``coordinator_classes`` (exactly), no groups that
     retain longer hits, no context parallelism. EAGLE / MTP (``use_eagle``,
@@ -216,11 +222,19 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
         if cls is not full_cls and cls is not sliding_cls and not (
                 cls is rswa_cls and _overrides_only(cls, full_cls, _RSWA_OWN)) and not (
                 cls is chunked_cls and _overrides_only(cls, base_single, _CHUNKED_OWN)) and not (
-                cls is cross_cls and _overrides_only(cls, base_single, _CROSS_OWN)):
+                cls is cross_cls and _overrides_only(cls, base_single, _CROSS_OWN)) and not (
+                cls is mamba_cls and _overrides_only(cls, base_single, _MAMBA_OWN)) and not (
+                _is_ring(cls, full_cls, ring_cls, kpool_tail_cls)):
             return None, f"a {cls.__name__} group"
         if cls is cross_cls and mgr.enable_caching:
             # (vLLM's own cache_blocks raises for it: its code decides)
             return None, f"a {cls.__name__} group with prefix caching"
+        if cls is mamba_cls:
+            mode = getattr(mgr, "mamba_cache_mode", None)
+            if mode != "none":
+                return None, f"a {cls.__name__} group in mamba_cache_mode {mode!r}"
+            if mgr.enable_caching:
+                return None, f"a {cls.__name__} group with prefix caching"
         if mgr.block_pool is not pool:
             return None, "groups over different pools"
         if getattr(mgr, "dcp_world_size", 1) != 1 or getattr(mgr, "pcp_world_size", 1) != 1:
@@ -244,6 +258,16 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
             if g.chunk <= 0:
                 return None, "an attention chunk size that is not positive"
         g.cross = cls is cross_cls
+        g.mamba = cls is mamba_cls
+        g.ring = _is_ring(cls, full_cls, ring_cls, kpool_tail_cls)
+        if g.mamba:
+            # (its get_num_blocks_to_allocate adds the spec's block size, its
+            # allocate_new_blocks its own: one figure only if they agree)
+            if mgr.kv_cache_spec.block_size != g.block_size:
+                return None, f"a {cls.__name__} group whose block size is not its spec's"
+            g.extra_tokens = g.block_size * mgr.num_speculative_blocks
+            if g.extra_tokens < 0:
+                return None, "a negative number of speculative blocks"
         full_like = cls is full_cls or g.rswa
         cap = getattr(mgr, cap_attr)
         g.has_cap = cap is not None
@@ -272,7 +296,8 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     p.groups = tuple(groups)
     p.ngroups = len(groups)
     p.frees_early = any(
-        (<_Group> x).sliding or (<_Group> x).rswa or (<_Group> x).chunked for x in groups)
+        (<_Group> x).sliding or (<_Group> x).rswa or (<_Group> x).chunked or (<_Group> x).mamba
+        for x in groups)
     p.caching = any((<_Group> x).caching for x in groups)
     p.has_cross = any((<_Group> x).cross for x in groups)
     p.pool = pool
@@ -343,6 +368,44 @@ cdef frozenset _CHUNKED_OWN = frozenset({
 cdef frozenset _CROSS_OWN = frozenset({
     "add_local_computed_blocks", "allocate_external_computed_blocks", "cache_blocks",
     "find_longest_cache_hit", "get_num_common_prefix_blocks"})
+# ... and MambaManager, over the base class, in mamba_cache_mode "none"
+# (plan_for's condition; prefix caching off): its skipped tokens (n - 1) are
+# done here (_skipped_tokens), and the speculative blocks its
+# get_num_blocks_to_allocate and allocate_new_blocks add (_group_new_blocks);
+# each of its other overrides is either the base class's path outside the
+# "align" mode (_remove_blocks_in_range, remove_skipped_blocks,
+# pop_blocks_for_free: vLLM's code, called as vLLM calls it), or not called
+# with prefix caching off (its lookup, cache_blocks, partial tails), or
+# vLLM's own (new_step_starts, the common-prefix count of 0.30, 0.31).
+cdef frozenset _MAMBA_OWN = frozenset({
+    "__init__", "has_positionally_stable_blocks", "find_longest_cache_hit",
+    "reachable_block_mask", "_remove_blocks_in_range", "remove_skipped_blocks",
+    "get_num_common_prefix_blocks", "_needs_internal_checkpoint", "get_num_blocks_to_allocate",
+    "allocate_new_blocks", "_relocate_speculative_block", "finalize_partial_tail_offload",
+    "pop_blocks_for_free", "get_num_skipped_tokens", "cache_blocks", "new_step_starts",
+    "_cache_partial_tail_block"})
+
+
+# ... and CircularBufferManager, over full attention: one ring block a
+# request (its count, its claim on allocation and on external tokens) done
+# here; its lookup (no hits: its spec is not prefix-cacheable, so vLLM's
+# lookup is kept, _plan_lookup), cache_blocks, add_local_computed_blocks,
+# remove_skipped_blocks, skipped tokens and common-prefix count (0.30, 0.31)
+# do nothing, which these paths do too.
+cdef frozenset _RING_OWN = frozenset({
+    "_claim_ring_block", "get_num_blocks_to_allocate", "allocate_new_blocks",
+    "allocate_external_computed_blocks", "find_longest_cache_hit", "cache_blocks",
+    "add_local_computed_blocks", "remove_skipped_blocks", "get_num_skipped_tokens",
+    "get_num_common_prefix_blocks"})
+
+
+cdef bint _is_ring(object cls, object full_cls, object ring_cls, object kpool_tail_cls):
+    # CircularBufferManager as vLLM ships it, or KpoolTailManager (0.30,
+    # 0.31) over it, adding nothing.
+    if ring_cls is None or not _overrides_only(ring_cls, full_cls, _RING_OWN):
+        return False
+    return cls is ring_cls or (
+        cls is kpool_tail_cls and _overrides_only(cls, ring_cls, frozenset()))
 
 
 cdef bint _overrides_only(object cls, object base, frozenset own):
@@ -534,12 +597,40 @@ cdef Py_ssize_t _free_blocks(ManagerPlan p) except? -1:
 
 cdef inline Py_ssize_t _skipped_tokens(_Group g, Py_ssize_t n) noexcept:
     # The manager's get_num_skipped_tokens(n), n >= 0: a window's tokens
-    # before it, a chunked group's before the current chunk, else none.
+    # before it, a chunked group's before the current chunk, Mamba's all but
+    # the last (-1 for none, as vLLM's), else none.
     if g.sliding:
         return n - g.skip_off if n > g.skip_off else 0
     if g.chunked:
         return _floordiv(n, g.chunk) * g.chunk
+    if g.mamba:
+        return n - 1
     return 0
+
+
+cdef inline Py_ssize_t _group_new_blocks(_Group g, Py_ssize_t have, Py_ssize_t tokens,
+                                         Py_ssize_t enc) noexcept:
+    # How many blocks the group's allocate_new_blocks takes for a request
+    # holding ``have`` (0 or less: none), given the coordinator's ``tokens``:
+    # a cross-attention group's are the encoder's, a Mamba group's have its
+    # speculative blocks' added, a ring group claims one block if it has none.
+    if g.ring:
+        return 0 if have > 0 else 1
+    if g.cross:
+        return _cdiv(enc, g.block_size) - have
+    return _cdiv(tokens + g.extra_tokens, g.block_size) - have
+
+
+cdef inline Py_ssize_t _group_blocks_to_allocate(_Group g, object rid, Py_ssize_t tokens,
+                                                 Py_ssize_t enc, object new_computed,
+                                                 Py_ssize_t total_computed,
+                                                 bint admission_cap) except -1:
+    # The coordinator's get_num_blocks_to_allocate, for one group: a
+    # cross-attention group's over the encoder's tokens, none computed.
+    if g.cross:
+        return _num_blocks_to_allocate(g, rid, enc, None, 0, admission_cap)
+    return _num_blocks_to_allocate(g, rid, tokens + g.extra_tokens, new_computed,
+                                   total_computed, admission_cap)
 
 
 cdef Py_ssize_t _num_blocks_to_allocate(_Group g, object rid, Py_ssize_t num_tokens,
@@ -551,6 +642,10 @@ cdef Py_ssize_t _num_blocks_to_allocate(_Group g, object rid, Py_ssize_t num_tok
     cdef Py_ssize_t required = _cdiv(num_tokens, g.block_size)
     cdef Py_ssize_t have = 0, skipped = 0, local, n, i, nnew = 0, evictable = 0
     cdef PyObject *blocks
+    if g.ring:
+        # (its table read with .get, as vLLM's: no entry made)
+        blocks = PyDict_GetItemWithError(g.rtb, rid)
+        return 0 if blocks != NULL and len(<object> blocks) > 0 else 1
     if admission_cap and g.has_cap and g.cap < required:
         required = g.cap
     blocks = PyDict_GetItemWithError(g.rtb, rid)
@@ -631,7 +726,7 @@ cdef int _free_early(ManagerPlan p, object rid, Py_ssize_t processed, object pro
     cdef _Group g
     cdef Py_ssize_t n_prompt = 0
     for g in p.groups:
-        if g.sliding or g.chunked:
+        if g.sliding or g.chunked or g.mamba:
             if _window_has_left(p, g, rid, processed):
                 g.mgr.remove_skipped_blocks(rid, processed, prompt)
         elif g.rswa and prompt is not None:
@@ -681,7 +776,7 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
         if hashed < cacheable:
             cacheable = hashed
     for g in p.groups:
-        if not g.caching:
+        if not g.caching or g.ring:  # (a ring group's cache_blocks does nothing)
             continue
         if g.partial_tail:
             return _cache_in_vllm(p, request, num_tokens)
@@ -793,7 +888,7 @@ cdef bint _nothing_to_cache(ManagerPlan p, object rid, Py_ssize_t num_tokens) ex
     if not p.hybrid and p.reprefillable < 0:
         num_tokens -= p.reprefillable
     for g in p.groups:
-        if not g.caching:
+        if not g.caching or g.ring:
             continue
         if g.partial_tail:
             return False
@@ -854,7 +949,8 @@ cdef object _to_adopt(ManagerPlan p, object rid, object new_computed_blocks,
         g = <_Group> p.groups[i]
         group_blocks = blocks[i]
         have = PyDict_GetItemWithError(g.rtb, rid)
-        if have != NULL and len(<object> have) != 0:
+        # (vLLM asserts an empty table for every group but a ring one)
+        if have != NULL and len(<object> have) != 0 and not g.ring:
             raise ValueError(
                 f"request {rid!r} already has {len(<object> have)} blocks in KV-cache group "
                 f"{i}: only a request without blocks adopts computed blocks")
@@ -893,6 +989,8 @@ cdef int _adopt(ManagerPlan p, object rid, object blocks, Py_ssize_t num_local_c
     cdef Py_ssize_t i, skipped, total = num_local_computed + ext, n, kept
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
+        if g.ring:
+            continue  # (its add_local_computed_blocks does nothing)
         req_blocks = _req_blocks(g, rid)
         new = blocks[i] if blocks is not None else []
         skipped = _floordiv(_skipped_tokens(g, total), g.block_size)
@@ -916,7 +1014,10 @@ cdef int _adopt(ManagerPlan p, object rid, object blocks, Py_ssize_t num_local_c
         if kept <= 0:
             continue
         req_blocks = _req_blocks(g, rid)
-        n = _cdiv(total, g.block_size) - len(req_blocks)
+        if g.ring:
+            n = 0 if len(req_blocks) else 1  # (its ring block claimed)
+        else:
+            n = _cdiv(total, g.block_size) - len(req_blocks)
         if n <= 0:
             continue
         new = _new_blocks(p, n)
@@ -1059,12 +1160,9 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
             full_tokens = p.max_model_len
         required = 0
         for i in range(p.ngroups):
-            g = <_Group> p.groups[i]
-            if g.cross:
-                required += _num_blocks_to_allocate(g, rid, enc, None, 0, True)
-                continue
-            required += _num_blocks_to_allocate(
-                g, rid, full_tokens, None if adopt is None else adopt[i], total, True)
+            required += _group_blocks_to_allocate(
+                <_Group> p.groups[i], rid, full_tokens, enc,
+                None if adopt is None else adopt[i], total, True)
         if required + watermark > _free_blocks(p):
             return None
     main_tokens = total + new_tokens
@@ -1078,13 +1176,10 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         _free_early(p, rid, processed, request.num_prompt_tokens)
     required = 0
     for i in range(p.ngroups):
-        g = <_Group> p.groups[i]
-        if g.cross:
-            required += _num_blocks_to_allocate(g, rid, enc, None, 0, False)
-            continue
         # (total_computed_tokens: local + external, not capped here)
-        required += _num_blocks_to_allocate(
-            g, rid, need, None if adopt is None else adopt[i], computed + ext, False)
+        required += _group_blocks_to_allocate(
+            <_Group> p.groups[i], rid, need, enc, None if adopt is None else adopt[i],
+            computed + ext, False)
     if required + watermark > _free_blocks(p) - reserved:
         return None
     if adopts:
@@ -1094,7 +1189,7 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     any_new = False
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
-        if _cdiv(enc if g.cross else need, g.block_size) > len(_req_blocks(g, rid)):
+        if _group_new_blocks(g, len(_req_blocks(g, rid)), need, enc) > 0:
             any_new = True
             break
     if not any_new:
@@ -1106,7 +1201,7 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
         blocks = _req_blocks(g, rid)
-        nnew = _cdiv(enc if g.cross else need, g.block_size) - len(blocks)
+        nnew = _group_new_blocks(g, len(blocks), need, enc)
         if nnew <= 0:
             new = []
         else:
@@ -1622,7 +1717,8 @@ def get_num_common_prefix_blocks_0_30(self, running_request_id):
     """vLLM 0.30's and 0.31's ``KVCacheManager.get_num_common_prefix_blocks``
     (the scheduler calls it once a step): per group, how many leading blocks
     of the request's table every request with blocks holds -- counted for a
-    full-attention group, 0 for a sliding-window or chunked one."""
+    full-attention group, 0 for any other (sliding-window, chunked,
+    cross-attention, Mamba, ring)."""
     cdef _Group g
     cdef Py_ssize_t i, j
     plan = self._kvpool_plan
@@ -1633,7 +1729,7 @@ def get_num_common_prefix_blocks_0_30(self, running_request_id):
     counts = [0] * p.ngroups
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
-        if g.sliding or g.chunked:
+        if g.sliding or g.chunked or g.cross or g.mamba or g.ring:
             continue
         # Indexed as vLLM's does: an unknown id gets an empty table
         # (req_to_blocks is a defaultdict) and counts 0.
@@ -1696,12 +1792,8 @@ def coordinator_get_num_blocks_to_allocate(self, request_id, num_tokens, new_com
                                  apply_admission_cap, *args, **kwargs)
     admission_cap = bool(apply_admission_cap)
     for g in p.groups:
-        if (<_Group> g).cross:  # (the coordinator's: the encoder's tokens, none computed)
-            required += _num_blocks_to_allocate(<_Group> g, request_id, enc, None, 0,
-                                                admission_cap)
-        else:
-            required += _num_blocks_to_allocate(<_Group> g, request_id, tokens, None, total,
-                                                admission_cap)
+        required += _group_blocks_to_allocate(<_Group> g, request_id, tokens, enc, None, total,
+                                              admission_cap)
     return required
 
 
