@@ -123,6 +123,15 @@ LAYOUTS: dict[str, tuple[tuple[vw.Group, ...], int]] = {
     # request's encoder tokens (``ManagerMachine.encoder_tokens``), prefix
     # caching off (as vLLM runs it: ``CASES``).
     "full/4+cross/4": ((G("full", 4), G("cross", 4)), 4),
+    # A Mamba hybrid with prefix caching off (mamba_cache_mode "none"): the
+    # state's blocks behind the last token freed (blocks of 8 here, the
+    # model's length in vLLM's sizing), with 2 speculative blocks (MTP).
+    "full/4+mamba/8": ((G("full", 4), G("mamba", 8, mamba_mode="none")), 4),
+    "full/4+mamba/8+spec": (
+        (G("full", 4), G("mamba", 8, mamba_mode="none", speculative_blocks=2)), 4),
+    # A compressor's circular buffer beside full attention: one ring block
+    # a request.
+    "full/4+ring/8": ((G("full", 4), G("ring", 8)), 4),
 }
 # The same under EAGLE (use_eagle: the lookups drop the last hit block).
 LAYOUTS.update({
@@ -130,11 +139,17 @@ LAYOUTS.update({
 })
 
 
+def has_cross(layout: str) -> bool:
+    """Whether ``layout`` has a cross-attention group."""
+    return any(g.kind == "cross" for g in LAYOUTS[layout][0])
+
 
 def no_caching_only(layout: str) -> bool:
     """Whether vLLM runs ``layout`` only without prefix caching (a
-    cross-attention group: its manager's ``cache_blocks`` raises)."""
-    return any(g.kind == "cross" for g in LAYOUTS[layout][0])
+    cross-attention group: its manager's ``cache_blocks`` raises; a Mamba
+    group in mamba_cache_mode "none")."""
+    return has_cross(layout) or any(
+        g.kind == "mamba" and g.mamba_mode == "none" for g in LAYOUTS[layout][0])
 
 
 #: The (layout, prefix caching) pairs the state-machine tests run.
@@ -568,7 +583,7 @@ class ManagerMachine(RuleBasedStateMachine):
     def encoder_tokens(self, twin) -> int:
         """A request's encoder tokens: 1-23 by its number, for a layout with
         a cross-attention group, else none."""
-        if not no_caching_only(self.layout):
+        if not has_cross(self.layout):
             return 0
         return 1 + int(twin.rid.split("-")[1]) * 7 % 23
 

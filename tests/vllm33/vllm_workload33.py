@@ -123,15 +123,20 @@ class Group(_v15.Group):
     frees the blocks between the prompt and the last ``sliding_window``
     processed tokens), a ``chunked`` local-attention group (chunks of
     ``sliding_window`` tokens, Llama 4's local layers), a ``sink`` group
-    (sink attention, two blocks of sink), or (0.33) a ``mamba`` state group in "align" cache
-    mode (what enables vLLM 0.33's sub-block prefix hits and their
-    copy-on-write), or a ``cross`` attention group (an encoder-decoder
+    (sink attention, two blocks of sink), a ``mamba`` state group (in
+    ``mamba_mode`` "align", what enables sub-block prefix hits and their
+    copy-on-write; or "none", prefix caching off, with
+    ``speculative_blocks`` for MTP), or a ``cross`` attention group (an encoder-decoder
     model's: its blocks hold the request's encoder tokens, allocated when
-    the request is admitted; prefix caching off). ``dtype``: an attention group's KV dtype; groups of
+    the request is admitted; prefix caching off), or a ``ring`` group (a
+    compressor's circular buffer: one block a request; 0.30, 0.31 also
+    ``kpool-tail``, the same over a sliding-window spec). ``dtype``: an attention group's KV dtype; groups of
     different dtypes make a mixed-precision cache, whose new blocks vLLM
     records for zeroing (``take_new_block_ids``)."""
 
     dtype: str = "float16"
+    mamba_mode: str = "align"
+    speculative_blocks: int = 0
 
     def spec(self) -> KVCacheSpec:
         if self.kind == "mamba":
@@ -139,9 +144,11 @@ class Group(_v15.Group):
                 block_size=self.block_size,
                 shapes=((4,),),
                 dtypes=(torch.float16,),
-                mamba_cache_mode="align",
+                mamba_cache_mode=self.mamba_mode,
+                num_speculative_blocks=self.speculative_blocks,
             )
-        if self.kind in ("sink", "rswa", "chunked", "cross"):
+        if self.kind in ("sink", "rswa", "chunked", "cross", "ring", "kpool-tail"):
+            from vllm.v1 import kv_cache_interface
             from vllm.v1.kv_cache_interface import (
                 ChunkedLocalAttentionSpec,
                 CrossAttentionSpec,
@@ -150,6 +157,10 @@ class Group(_v15.Group):
             )
 
             common = {**self.attention_fields(), "dtype": getattr(torch, self.dtype)}
+            if self.kind == "ring":
+                return kv_cache_interface.CircularBufferSpec(**common)
+            if self.kind == "kpool-tail":  # (0.30, 0.31)
+                return kv_cache_interface.KpoolTailSpec(sliding_window=self.block_size, **common)
             if self.kind == "cross":
                 return CrossAttentionSpec(**common)
             if self.kind == "sink":

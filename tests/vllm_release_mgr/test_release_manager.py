@@ -45,6 +45,7 @@ from vllm.distributed import kv_events as vllm_kv_events
 from vllm.v1.core import block_pool as vllm_block_pool
 from vllm.v1.core import kv_cache_coordinator
 from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1 import kv_cache_interface as vllm_kv_cache_interface
 
 import kvpool.vllm as kv_vllm
 from kvpool.vllm import vllm_block_pool_class
@@ -174,6 +175,48 @@ if LATE_DRIVER:
         token_budget=256,
         num_requests=_n(300), num_blocks=NUM_BLOCKS // 2,
     )
+    # A hybrid of full attention and Mamba with prefix caching off
+    # (mamba_cache_mode "none"): one state block per request as vLLM sizes
+    # it (the model's length), held to the end. With MTP, the state's
+    # speculative blocks too, and a Mamba block smaller than the model
+    # length, so that each block behind the last token is freed as the
+    # request passes it.
+    mamba_none = {"enable_caching": False, "token_budget": 256}
+    WORKLOADS["full+mamba"] = vw.FULL.scaled(
+        name="hybrid: full attention + Mamba, prefix caching off",
+        groups=(vw.Group("full", 16), vw.Group("mamba", vw.FULL.max_model_len, mamba_mode="none")),
+        num_requests=_n(300), num_blocks=NUM_BLOCKS, **mamba_none,
+    )
+    WORKLOADS["mtp+mamba"] = vw.FULL.scaled(
+        name="MTP (3 drafts): full attention + Mamba of 64-token blocks, prefix caching off",
+        groups=(vw.Group("full", 16),
+                vw.Group("mamba", 64, mamba_mode="none", speculative_blocks=3)),
+        # (Mamba's blocks freed as it goes: fewer blocks for the same pressure)
+        num_requests=_n(300), num_blocks=NUM_BLOCKS // 2, **mamba_none, **eagle,
+    )
+    # ... and a KV connector's external tokens, of which the Mamba group
+    # keeps the last one's state only.
+    WORKLOADS["connector+mamba"] = WORKLOADS["mtp+mamba"].scaled(
+        name="KV connector: full attention + Mamba of 64-token blocks, prefix caching off",
+        spec_tokens=0, eagle=False, **connector,
+        groups=(vw.Group("full", 16), vw.Group("mamba", 64, mamba_mode="none")),
+    )
+    # A compressor's circular buffer beside full attention (DeepSeek-V4.1,
+    # Qwen4-exp, Step5): one ring block a request, claimed when it is
+    # admitted (and for a KV connector's external tokens), never cached.
+    # (0.29 on: the spec is new in 0.29.0)
+    if hasattr(vllm_kv_cache_interface, "CircularBufferSpec"):
+        ring = {"groups": (vw.Group("full", 16), vw.Group("ring", 64))}
+        WORKLOADS["full+ring"] = vw.HYBRID.scaled(
+            name="full + a circular buffer", num_requests=_n(300), num_blocks=NUM_BLOCKS,
+            **ring)
+        WORKLOADS["connector+ring"] = vw.HYBRID.scaled(
+            name="KV connector, full + a circular buffer", num_requests=_n(300),
+            num_blocks=NUM_BLOCKS, **connector, **ring)
+    if hasattr(vllm_kv_cache_interface, "KpoolTailSpec"):  # 0.30, 0.31
+        WORKLOADS["full+kpool-tail"] = WORKLOADS["full+ring"].scaled(
+            name="full + a kpool tail (a circular buffer over a sliding-window spec)",
+            groups=(vw.Group("full", 16), vw.Group("kpool-tail", 64)))
     if vw.HASH_LOOKAHEAD:
         # 0.33 on, the engine's default for the EAGLE family (prefix caching
         # on, no connector): lookahead block hashes, no EAGLE drop, each
@@ -279,6 +322,26 @@ def reference_run(key: str, w: vw.Workload) -> vw.Run:
         # Chunks left behind were freed: a finished request's chunked table
         # starts with a null block.
         assert any(e[3][chunked[0]][:1] == [0] for e in r.trace if e[0] == "final")
+    mamba = [g for g in w.groups if g.kind == "mamba" and g.mamba_mode == "none"]
+    if mamba:
+        assert r.preemptions > 0
+        i = w.groups.index(mamba[0])
+        finals = [e[3][i] for e in r.trace if e[0] == "final"]
+        if mamba[0].block_size < w.max_model_len:
+            # The blocks behind the last token were freed: a finished
+            # request's table starts with a null block, and holds no more
+            # than the state's two blocks (the last one, the one being
+            # written) and its speculative ones.
+            assert any(ids[:1] == [0] for ids in finals)
+            assert all(len([b for b in ids if b]) <= 2 + mamba[0].speculative_blocks
+                       for ids in finals)
+        else:
+            assert all(len(ids) == 1 + mamba[0].speculative_blocks for ids in finals if ids)
+    ring = [i for i, g in enumerate(w.groups) if g.kind in ("ring", "kpool-tail")]
+    if ring:
+        # One ring block a request, held to the end.
+        finals = [e[3][ring[0]] for e in r.trace if e[0] == "final"]
+        assert finals and all(len(ids) == 1 and ids[0] for ids in finals)
     cross = [i for i, g in enumerate(w.groups) if g.kind == "cross"]
     if cross:
         # Encoder blocks held to the end, and allocated again for the
@@ -380,7 +443,7 @@ _MANAGER_NAME_MODULE = importlib.import_module("vllm.v1.core.sched.scheduler")
 
 # The workloads kvpool's compiled manager paths serve; the others must fall
 # back to vLLM's code for the reason named.
-_FALLBACK = {"mamba-cow": "a MambaManager group"}
+_FALLBACK = {"mamba-cow": "a MambaManager group in mamba_cache_mode 'align'"}
 
 
 def kvpool_manager_class() -> type:
@@ -478,7 +541,7 @@ def test_kvpool_manager_against_vllm(workload: vw.Workload, request: pytest.Fixt
 
 
 _SPEC_WORKLOADS = ("eagle", "eagle-1", "eagle+sliding", "eagle+sliding-only", "eagle+rswa", "mtp",
-                   "ngram", "connector+eagle",
+                   "ngram", "connector+eagle", "mtp+mamba",
                    "eagle-lookahead-hashes", "mtp-lookahead-hashes",
                    "eagle+sliding-lookahead-hashes")
 
@@ -549,6 +612,31 @@ def test_a_sink_group_fails_to_build_as_in_vllm() -> None:
             vw.make_manager(w, cls)
 
 
+@pytest.mark.parametrize("key, single", [("rswa", "RSWAManager"),
+                                         ("full+chunked", "ChunkedLocalAttentionManager"),
+                                         ("full+cross", "CrossAttentionManager"),
+                                         ("full+mamba", "MambaManager"),
+                                         ("full+ring", "CircularBufferManager")])
+def test_a_class_with_a_method_of_its_own_falls_back(key: str, single: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A single-type manager class the compiled paths serve only as vLLM
+    ships it: given a method they do not know of (a later release's, a
+    plugin's), its groups run vLLM's code, and the manager says why."""
+    if key not in WORKLOADS:
+        pytest.skip(f"no {key} workload in this driver")
+    manager_class = kvpool_manager_class()
+    from vllm.v1.core import single_type_kv_cache_manager as single_types
+
+    cls = getattr(single_types, single)
+    pool_class = vllm_block_pool_class(kvpool_line().name, CORES["compiled"])
+    with manager_in_vllm(manager_class, pool_class):
+        assert vw.make_manager(WORKLOADS[key]).kvpool_fallback_reason is None
+        monkeypatch.setattr(cls, "a_method_of_its_own", lambda self: None, raising=False)
+        manager = vw.make_manager(WORKLOADS[key])
+    assert manager._kvpool_plan is None
+    assert manager.kvpool_fallback_reason == f"a {single} group"
+
+
 def test_each_group_says_what_serves_it(caplog: pytest.LogCaptureFixture) -> None:
     """At manager build, one INFO line per KV-cache group: its spec, the
     single-type manager serving it, and whether kvpool's compiled paths or
@@ -567,9 +655,17 @@ def test_each_group_says_what_serves_it(caplog: pytest.LogCaptureFixture) -> Non
                              ("SlidingWindowSpec", "SlidingWindowManager", compiled + lookup)],
     }
     if "mamba-cow" in WORKLOADS:
-        why = "vLLM's code, because kvpool's paths do not serve a MambaManager group"
+        why = ("vLLM's code, because kvpool's paths do not serve a MambaManager group in "
+               "mamba_cache_mode 'align'")
         expected["mamba-cow"] = [("FullAttentionSpec", "FullAttentionManager", why),
                                  ("MambaSpec", "MambaManager", why)]
+    if "full+ring" in WORKLOADS:
+        expected["full+ring"] = [
+            ("FullAttentionSpec", "FullAttentionManager", compiled + lookup),
+            ("CircularBufferSpec", "CircularBufferManager", compiled + lookup)]
+    if "full+mamba" in WORKLOADS:
+        expected["full+mamba"] = [("FullAttentionSpec", "FullAttentionManager", compiled),
+                                  ("MambaSpec", "MambaManager", compiled)]
     with pytest.MonkeyPatch.context() as patch, caplog.at_level(logging.INFO, "kvpool.vllm"):
         patch.setattr(module, "_logged", set())
         for key, groups in expected.items():
