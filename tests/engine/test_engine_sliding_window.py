@@ -21,14 +21,11 @@ tokens on this model.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from test_engine_identity import assert_same_run, with_stock
-
-HERE = Path(__file__).resolve().parent
+from test_engine_identity import assert_same_run, scenario_runs, tiny_model_dir
 
 WINDOW = 64
 #: 64 requests over 8 shared 320-token prefixes (10 blocks of 32), each with
@@ -53,17 +50,13 @@ GROUPS = [
 ]
 
 
+runs = scenario_runs(SW_BASE, SCENARIOS)
+
+
 @pytest.fixture(scope="session")
 def sw_model_dir(tmp_path_factory) -> Path:
-    sys.path.insert(0, str(HERE))
-    from tiny_model import make_model
-
-    return make_model(tmp_path_factory.mktemp("tiny-llama-sw"), sliding_window=WINDOW)
-
-
-def runs(name: str, model_dir: Path, tmp: Path, **kvpool_run) -> tuple[dict, dict]:
-    """The stock run of a scenario (once per session) and a kvpool run of it."""
-    return with_stock(model_dir, name, {**SW_BASE, **SCENARIOS[name]}, tmp, **kvpool_run)
+    return tiny_model_dir(tmp_path_factory, "make_model", "tiny-llama-sw",
+                          sliding_window=WINDOW)
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))

@@ -114,6 +114,56 @@ def make_chunked_model(directory: Path | str, *, attention_chunk_size: int, laye
     return directory
 
 
+#: The NemotronH model's sizes (``make_nemotronh_model``): those of
+#: ``CONFIG`` for attention and the MLP, a Mamba2 mixer of 4 heads of 32
+#: (state 16, one group).
+NEMOTRON_H = {
+    **{k: CONFIG[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                              "num_key_value_heads", "head_dim", "vocab_size",
+                              "max_position_embeddings", "tie_word_embeddings",
+                              "bos_token_id", "eos_token_id")},
+    "mamba_num_heads": 4,
+    "mamba_head_dim": 32,
+    "n_groups": 1,
+    "ssm_state_size": 16,
+    "conv_kernel": 4,
+    "pad_token_id": 0,
+}
+
+
+def make_nemotronh_model(directory: Path | str, *, pattern: str = "M*-M-",
+                         seed: int = 1234) -> Path:
+    """A tiny NemotronH checkpoint (``NemotronHForCausalLM``, a Mamba2
+    hybrid): its layers by ``pattern``, NemotronH's own notation (``M`` a
+    Mamba2 mixer, ``*`` attention, ``-`` an MLP), made with transformers' own
+    config and model classes; the projections then drawn again at the scales
+    of ``_STD`` (the Mamba mixer's at 1/sqrt(fan_in), its convolution at
+    0.5), so that what each layer reads -- the KV cache, the Mamba state --
+    decides the tokens."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kinds = {"M": "linear_attention", "*": "full_attention", "-": "mlp"}
+    directory = Path(directory)
+    config = AutoConfig.for_model(
+        "nemotron_h", **NEMOTRON_H, layers_block_type=[kinds[c] for c in pattern],
+        architectures=["NemotronHForCausalLM"], dtype="float32")
+    model = AutoModelForCausalLM.from_config(config)
+    normal = _normal(seed)
+    scales = {"embeddings": _STD["embed"], "q_proj": _STD["q"], "k_proj": _STD["k"],
+              "v_proj": _STD["v"], "o_proj": _STD["o"], "up_proj": _STD["mlp"],
+              "down_proj": _STD["mlp"], "lm_head": _STD["head"], "conv1d.weight": 0.5}
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            std = next((v for k, v in scales.items() if k in name), None)
+            if std is None and name.endswith(("in_proj.weight", "out_proj.weight")):
+                std = param.shape[1] ** -0.5
+            if std is not None:
+                param.copy_(normal(std, *param.shape))
+    model.save_pretrained(directory)
+    return directory
+
+
 def _normal(seed: int):
     """``normal(std, *shape)``: seeded random tensors, one generator a model."""
     import torch
