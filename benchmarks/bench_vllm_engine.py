@@ -18,6 +18,10 @@ Configurations:
 - ``scheduler-eagle``: the scheduler-heavy one with a tiny EAGLE draft
   model proposing 3 tokens a step (the manager built with ``use_eagle``,
   lookahead 3);
+- ``scheduler-mamba``: a Mamba hybrid (a tiny NemotronH, one Mamba2 and one
+  attention layer: two KV-cache groups) with prefix caching off
+  (``mamba_cache_mode`` "none"), 256 concurrent requests, 768 requests of
+  49-64 prompt tokens, 64 output tokens each, KV events off;
 - ``model``: a 4-layer model, 32 concurrent requests (the
   model runner dominates).
 
@@ -107,6 +111,15 @@ CONFIGS["scheduler-eagle"] = {
     "model": CONFIGS["scheduler"]["model"],
     "scenario": CONFIGS["scheduler"]["scenario"],
     "draft": {"method": "eagle", "num_speculative_tokens": 3},
+}
+# A Mamba hybrid, scheduler-heavy: short prompts (the CPU Mamba2 kernel
+# takes prefill chunks of 64 tokens at most), prefix caching off.
+CONFIGS["scheduler-mamba"] = {
+    "model": {"maker": "make_nemotronh_model", "pattern": "M*", "layers": 2},
+    "scenario": {"num_prefixes": 8, "prefix_tokens": 48, "tail_tokens": 16,
+                 "num_requests": 768, "max_tokens": 64, "num_blocks": 4096,
+                 "max_num_seqs": 256, "max_num_batched_tokens": 512, "max_model_len": 256,
+                 "prefix_caching": False, "events": False},
 }
 QUICK = {"num_requests": 96, "max_tokens": 16}
 
@@ -386,7 +399,8 @@ def main() -> None:
                         help="py-spy's samples a second (default 200)")
     parser.add_argument("--quick", action="store_true", help="small workloads (a smoke run)")
     args = parser.parse_args()
-    from tiny_model import make_eagle_draft, make_model
+    import tiny_model
+    from tiny_model import make_eagle_draft
     import vllm
 
     import kvpool
@@ -398,7 +412,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kvpool-engine-bench.") as tmp:
         for name in args.configs.split(","):
             config = CONFIGS[name]
-            model = make_model(Path(tmp) / f"model-{name}", **config["model"])
+            # (``layers``: the model's, for the report; a maker's own arguments)
+            kwargs = {k: v for k, v in config["model"].items() if k != "maker"}
+            if "maker" in config["model"]:
+                del kwargs["layers"]
+            maker = getattr(tiny_model, config["model"].get("maker", "make_model"))
+            model = maker(Path(tmp) / f"model-{name}", **kwargs)
             scenario = dict(config["scenario"], **(QUICK if args.quick else {}))
             if "draft" in config:
                 draft = make_eagle_draft(Path(tmp) / f"draft-{name}")

@@ -129,6 +129,20 @@ if hasattr(vw.FULL, "spec_tokens"):  # the 0.26+ driver: speculative decoding
         groups=(vw.Group("full", 16), vw.Group("cross", 16)),
         enable_caching=False, encoder_tokens=(1500, 1500), num_blocks=16384,
     )
+    # A compressor's circular buffer beside full attention (DeepSeek-V4.1's
+    # compressor state): one ring block a request.
+    WORKLOADS["ring"] = vw.HYBRID.scaled(
+        name="full attention + a circular buffer",
+        groups=(vw.Group("full", 16), vw.Group("ring", 64)), metrics_sample_rate=None,
+    )
+    # A Mamba hybrid (Qwen3-Next's layout: three Mamba state groups beside
+    # full attention) with prefix caching off: mamba_cache_mode "none", one
+    # state block a request and group, as long as the model.
+    mamba = vw.Group("mamba", vw.FULL.max_model_len, mamba_mode="none")
+    WORKLOADS["mamba"] = vw.FULL.scaled(
+        name="full attention + 3 Mamba groups (Qwen3-Next's layout), no prefix caching",
+        groups=(vw.Group("full", 16), mamba, mamba, mamba), enable_caching=False,
+    )
 if getattr(vw, "HASH_LOOKAHEAD", False):
     # 0.33 on: EAGLE as the engine runs it by default, with lookahead block
     # hashes (no dropped block; each BlockStored carries its lookahead token).
