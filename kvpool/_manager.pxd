@@ -43,6 +43,8 @@ cdef class _Group:
     cdef bint has_cap             # max_admission_blocks_per_request is set
     cdef Py_ssize_t cap
     cdef bint caching             # the manager's enable_caching
+    cdef bint caches              # caching, and its cache_blocks caches (not a ring group)
+    cdef bint full_like           # full attention or R-SWA: the common-prefix count counts it
     cdef bint partial_tail        # FullAttentionManager with block_size != hash_block_size
     cdef bint record_ids          # _record_new_block_ids
     cdef Py_ssize_t group_id      # kv_cache_group_id

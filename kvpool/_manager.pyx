@@ -219,12 +219,12 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     groups = []
     for mgr in coordinator.single_type_managers:
         cls = type(mgr)
+        ring = _is_ring(cls, full_cls, ring_cls, kpool_tail_cls)
         if cls is not full_cls and cls is not sliding_cls and not (
                 cls is rswa_cls and _overrides_only(cls, full_cls, _RSWA_OWN)) and not (
                 cls is chunked_cls and _overrides_only(cls, base_single, _CHUNKED_OWN)) and not (
                 cls is cross_cls and _overrides_only(cls, base_single, _CROSS_OWN)) and not (
-                cls is mamba_cls and _overrides_only(cls, base_single, _MAMBA_OWN)) and not (
-                _is_ring(cls, full_cls, ring_cls, kpool_tail_cls)):
+                cls is mamba_cls and _overrides_only(cls, base_single, _MAMBA_OWN)) and not ring:
             return None, f"a {cls.__name__} group"
         if cls is cross_cls and mgr.enable_caching:
             # (vLLM's own cache_blocks raises for it: its code decides)
@@ -259,7 +259,7 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
                 return None, "an attention chunk size that is not positive"
         g.cross = cls is cross_cls
         g.mamba = cls is mamba_cls
-        g.ring = _is_ring(cls, full_cls, ring_cls, kpool_tail_cls)
+        g.ring = ring
         if g.mamba:
             # (its get_num_blocks_to_allocate adds the spec's block size, its
             # allocate_new_blocks its own: one figure only if they agree)
@@ -268,11 +268,12 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
             g.extra_tokens = g.block_size * mgr.num_speculative_blocks
             if g.extra_tokens < 0:
                 return None, "a negative number of speculative blocks"
-        full_like = cls is full_cls or g.rswa
+        g.full_like = full_like = cls is full_cls or g.rswa
         cap = getattr(mgr, cap_attr)
         g.has_cap = cap is not None
         g.cap = cap if cap is not None else 0
         g.caching = bool(mgr.enable_caching)
+        g.caches = g.caching and not g.ring  # (a ring group's cache_blocks does nothing)
         g.group_id = mgr.kv_cache_group_id
         # Its cache_blocks may be done here: vLLM's full-attention one, whose
         # block mask is None (reachable_block_mask not overridden).
@@ -776,7 +777,7 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
         if hashed < cacheable:
             cacheable = hashed
     for g in p.groups:
-        if not g.caching or g.ring:  # (a ring group's cache_blocks does nothing)
+        if not g.caches:
             continue
         if g.partial_tail:
             return _cache_in_vllm(p, request, num_tokens)
@@ -888,7 +889,7 @@ cdef bint _nothing_to_cache(ManagerPlan p, object rid, Py_ssize_t num_tokens) ex
     if not p.hybrid and p.reprefillable < 0:
         num_tokens -= p.reprefillable
     for g in p.groups:
-        if not g.caching or g.ring:
+        if not g.caches:
             continue
         if g.partial_tail:
             return False
@@ -1729,7 +1730,7 @@ def get_num_common_prefix_blocks_0_30(self, running_request_id):
     counts = [0] * p.ngroups
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
-        if g.sliding or g.chunked or g.cross or g.mamba or g.ring:
+        if not g.full_like:
             continue
         # Indexed as vLLM's does: an unknown id gets an empty table
         # (req_to_blocks is a defaultdict) and counts 0.
