@@ -102,14 +102,20 @@ def assert_groups_and_distinct(stock: dict, ours: dict, expected: list) -> None:
     assert len({tuple(t) for t in tokens}) > len(tokens) // 2, tokens[:4]
 
 
+def needs_manager() -> None:
+    """Skip where kvpool's line for this vLLM has no KV-cache manager (its
+    pool alone serves those releases)."""
+    if not MANAGER:
+        pytest.skip("kvpool's line for this vLLM has no KV-cache manager")
+
+
 def assert_broken_manager_caught(runs, name: str, model_dir: Path, tmp: Path, broken: str,
                                  manager_class: str, what: str) -> None:
     """kvpool's manager broken in one detail (``broken``: engine_run's
     ``KVPOOL_ENGINE_BROKEN_MANAGER``, its class named ``manager_class``) on
     scenario ``name`` (``runs``: the module's ``scenario_runs``) must change
     the tokens or fail the engine run; ``what`` names the fault."""
-    if not MANAGER:
-        pytest.skip("kvpool's line for this vLLM has no KV-cache manager")
+    needs_manager()
     try:
         stock, ours = runs(name, model_dir, tmp, broken_manager=broken)
     except pytest.fail.Exception as failed:  # the engine run failed: caught too

@@ -27,10 +27,10 @@ from pathlib import Path
 import pytest
 
 from test_engine_identity import (
-    MANAGER,
     assert_broken_manager_caught,
     assert_groups_and_distinct,
     assert_same_run,
+    needs_manager,
     scenario_runs,
     tiny_model_dir,
 )
@@ -71,17 +71,12 @@ def nemotronh_dir(tmp_path_factory) -> Path:
     return tiny_model_dir(tmp_path_factory, "make_nemotronh_model", "tiny-nemotronh")
 
 
-def _needs_manager() -> None:
-    # (kvpool's pool alone serves the older releases: their engines'
-    # CPU Mamba kernels are not proven here)
-    if not MANAGER:
-        pytest.skip("kvpool's line for this vLLM has no KV-cache manager")
-
-
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_engine_identical_with_kvpool_mamba(name: str, nemotronh_dir: Path,
                                             tmp_path: Path) -> None:
-    _needs_manager()
+    # (the older releases, on kvpool's pool alone, are not run: their
+    # engines' CPU Mamba kernels are not proven here)
+    needs_manager()
     scenario = {**MAMBA_BASE, **SCENARIOS[name]}
     stock, ours = runs(name, nemotronh_dir, tmp_path)
     assert_same_run(scenario, stock, ours, preempts=name == "nemotronh-preemption")

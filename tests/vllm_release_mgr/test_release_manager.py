@@ -296,6 +296,12 @@ def workload(
 _reference: dict[str, vw.Run] = {}
 
 
+def _finals(r: vw.Run, group: int) -> list[list[int]]:
+    """Each finished request's last block table (ids) in KV-cache group
+    ``group``."""
+    return [e[3][group] for e in r.trace if e[0] == "final"]
+
+
 def reference_run(key: str, w: vw.Workload) -> vw.Run:
     """vLLM's own pool on the workload (once per session per workload),
     checked to exercise what the workload claims to."""
@@ -321,12 +327,12 @@ def reference_run(key: str, w: vw.Workload) -> vw.Run:
     if chunked:
         # Chunks left behind were freed: a finished request's chunked table
         # starts with a null block.
-        assert any(e[3][chunked[0]][:1] == [0] for e in r.trace if e[0] == "final")
+        assert any(ids[:1] == [0] for ids in _finals(r, chunked[0]))
     mamba = [g for g in w.groups if g.kind == "mamba" and g.mamba_mode == "none"]
     if mamba:
         assert r.preemptions > 0
         i = w.groups.index(mamba[0])
-        finals = [e[3][i] for e in r.trace if e[0] == "final"]
+        finals = _finals(r, i)
         if mamba[0].block_size < w.max_model_len:
             # The blocks behind the last token were freed: a finished
             # request's table starts with a null block, and holds no more
@@ -340,13 +346,13 @@ def reference_run(key: str, w: vw.Workload) -> vw.Run:
     ring = [i for i, g in enumerate(w.groups) if g.kind in ("ring", "kpool-tail")]
     if ring:
         # One ring block a request, held to the end.
-        finals = [e[3][ring[0]] for e in r.trace if e[0] == "final"]
+        finals = _finals(r, ring[0])
         assert finals and all(len(ids) == 1 and ids[0] for ids in finals)
     cross = [i for i, g in enumerate(w.groups) if g.kind == "cross"]
     if cross:
         # Encoder blocks held to the end, and allocated again for the
         # preempted requests.
-        assert any(e[3][cross[0]] for e in r.trace if e[0] == "final")
+        assert any(_finals(r, cross[0]))
         assert r.preemptions > 0
     if any(g.kind == "rswa" for g in w.groups):
         # R-SWA freed gaps: a finished request's table holds a null block
