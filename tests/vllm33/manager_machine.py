@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
 import random
 from collections.abc import Callable
 from types import ModuleType
@@ -473,6 +474,11 @@ class ManagerMachine(RuleBasedStateMachine):
         ),
         "read_request": (1, dict(pick=PICK), lambda self: self.twins),
         "nothing_to_adopt": (1, dict(pick=PICK), lambda self: self._live()),
+        "count_blocks": (
+            1,
+            dict(pick=PICK, ahead=st.integers(0, 96), encoder=st.booleans(), cap=st.booleans()),
+            lambda self: self._live(),
+        ),
     }
     # One rule, so that the weights hold (hypothesis picks among rules
     # evenly, and disables some of them per example).
@@ -489,6 +495,7 @@ class ManagerMachine(RuleBasedStateMachine):
         "free": "add_request",
         "read_request": "add_request",
         "nothing_to_adopt": "add_request",
+        "count_blocks": "add_request",
     }
 
     @rule(op=st.sampled_from(WEIGHTED), data=st.data())
@@ -757,6 +764,37 @@ class ManagerMachine(RuleBasedStateMachine):
             )
 
         self.both("get_blocks / get_block_ids / estimate_cached_tokens", call, twin)
+
+    def count_blocks(self, pick, ahead, encoder, cap):
+        """The coordinator's ``get_num_blocks_to_allocate`` asked directly,
+        as the scheduler asks it for a request's remaining blocks: each
+        group's count, to the block (an allocation refused or admitted
+        differently shows a wrong count only at the pool's very border)."""
+        twin = self._pick(self._live(), pick)
+        enc = self.encoder_tokens(twin) if encoder else 0
+        coordinator_cls = type(self.sides[0].manager.coordinator)
+        # (0.31 on: the prompt's end, for Mamba groups)
+        prefill_end = "prefill_end" in inspect.signature(
+            coordinator_cls.get_num_blocks_to_allocate).parameters
+
+        def call(mgr, req):
+            computed = req.num_computed_tokens
+            num_tokens = computed + ahead
+            extra = {"prefill_end": max(req.num_prompt_tokens, req.num_tokens - 1)} \
+                if prefill_end else {}
+            return mgr.coordinator.get_num_blocks_to_allocate(
+                request_id=req.request_id,
+                num_tokens=num_tokens,
+                new_computed_blocks=mgr.empty_kv_cache_blocks.blocks,
+                num_encoder_tokens=enc,
+                total_computed_tokens=computed,
+                num_local_computed_tokens=computed,
+                num_tokens_main_model=min(num_tokens, self.w.max_model_len),
+                apply_admission_cap=cap,
+                **extra,
+            )
+
+        self.both("coordinator.get_num_blocks_to_allocate", call, twin)
 
     def nothing_to_adopt(self, pick):
         """``allocate_slots(request, 0)`` with no computed tokens to adopt:
