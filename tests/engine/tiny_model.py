@@ -164,6 +164,63 @@ def make_nemotronh_model(directory: Path | str, *, pattern: str = "M*-M-",
     return directory
 
 
+#: Qwen3-Next's attention beside NEMOTRON_H's sizes; its gated delta net
+#: with one key and two value heads of 128 (the CPU kernel's head size), a
+#: mixture of 4 experts (2 a token) with a shared expert.
+QWEN3_NEXT = {
+    **{k: NEMOTRON_H[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                  "num_key_value_heads", "head_dim", "vocab_size",
+                                  "max_position_embeddings", "tie_word_embeddings",
+                                  "bos_token_id", "eos_token_id", "pad_token_id")},
+    "linear_num_key_heads": 1,
+    "linear_num_value_heads": 2,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 64,
+    "decoder_sparse_step": 1,
+}
+
+
+def make_qwen3next_model(directory: Path | str, *, pattern: str = "LLLA",
+                         seed: int = 1234) -> Path:
+    """A tiny Qwen3-Next checkpoint (``Qwen3NextForCausalLM``, a gated
+    delta net hybrid): its layers by ``pattern`` (``L`` a gated-delta-net
+    layer, ``A`` gated attention), each with a mixture of experts, made with
+    transformers' own config and model classes; the projections then drawn
+    again at the scales of ``_STD`` (the delta net's at 1/sqrt(fan_in), its
+    convolution at 0.5), so that what each layer reads -- the KV cache, the
+    recurrent state -- decides the tokens."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kinds = {"L": "linear_attention", "A": "full_attention"}
+    directory = Path(directory)
+    config = AutoConfig.for_model(
+        "qwen3_next", **QWEN3_NEXT, num_hidden_layers=len(pattern),
+        layer_types=[kinds[c] for c in pattern], architectures=["Qwen3NextForCausalLM"],
+        dtype="float32")
+    model = AutoModelForCausalLM.from_config(config)
+    normal = _normal(seed)
+    scales = {"embed_tokens": _STD["embed"], "q_proj": _STD["q"], "k_proj": _STD["k"],
+              "v_proj": _STD["v"], "o_proj": _STD["o"], "lm_head": _STD["head"],
+              "conv1d.weight": 0.5, "gate_proj": _STD["mlp"], "up_proj": _STD["mlp"],
+              "down_proj": _STD["mlp"], "experts.": _STD["mlp"]}
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            std = next((v for k, v in scales.items() if k in name), None)
+            if std is None and name.endswith(("in_proj_qkvz.weight", "in_proj_ba.weight",
+                                              "linear_attn.out_proj.weight")):
+                std = param.shape[1] ** -0.5
+            if std is not None:
+                param.copy_(normal(std, *param.shape))
+    model.save_pretrained(directory)
+    return directory
+
+
 def _normal(seed: int):
     """``normal(std, *shape)``: seeded random tensors, one generator a model."""
     import torch
