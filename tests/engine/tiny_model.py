@@ -115,13 +115,16 @@ def make_chunked_model(directory: Path | str, *, attention_chunk_size: int, laye
 
 
 #: The NemotronH model's sizes (``make_nemotronh_model``): those of
+#: What every tiny hybrid takes of ``CONFIG``: attention, MLP, vocabulary.
+_HYBRID_BASE = {k: CONFIG[k] for k in (
+    "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+    "head_dim", "vocab_size", "max_position_embeddings", "tie_word_embeddings",
+    "bos_token_id", "eos_token_id")}
+
 #: ``CONFIG`` for attention and the MLP, a Mamba2 mixer of 4 heads of 32
 #: (state 16, one group).
 NEMOTRON_H = {
-    **{k: CONFIG[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
-                              "num_key_value_heads", "head_dim", "vocab_size",
-                              "max_position_embeddings", "tie_word_embeddings",
-                              "bos_token_id", "eos_token_id")},
+    **_HYBRID_BASE,
     "mamba_num_heads": 4,
     "mamba_head_dim": 32,
     "n_groups": 1,
@@ -130,48 +133,12 @@ NEMOTRON_H = {
     "pad_token_id": 0,
 }
 
-
-def make_nemotronh_model(directory: Path | str, *, pattern: str = "M*-M-",
-                         seed: int = 1234) -> Path:
-    """A tiny NemotronH checkpoint (``NemotronHForCausalLM``, a Mamba2
-    hybrid): its layers by ``pattern``, NemotronH's own notation (``M`` a
-    Mamba2 mixer, ``*`` attention, ``-`` an MLP), made with transformers' own
-    config and model classes; the projections then drawn again at the scales
-    of ``_STD`` (the Mamba mixer's at 1/sqrt(fan_in), its convolution at
-    0.5), so that what each layer reads -- the KV cache, the Mamba state --
-    decides the tokens."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    kinds = {"M": "linear_attention", "*": "full_attention", "-": "mlp"}
-    directory = Path(directory)
-    config = AutoConfig.for_model(
-        "nemotron_h", **NEMOTRON_H, layers_block_type=[kinds[c] for c in pattern],
-        architectures=["NemotronHForCausalLM"], dtype="float32")
-    model = AutoModelForCausalLM.from_config(config)
-    normal = _normal(seed)
-    scales = {"embeddings": _STD["embed"], "q_proj": _STD["q"], "k_proj": _STD["k"],
-              "v_proj": _STD["v"], "o_proj": _STD["o"], "up_proj": _STD["mlp"],
-              "down_proj": _STD["mlp"], "lm_head": _STD["head"], "conv1d.weight": 0.5}
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            std = next((v for k, v in scales.items() if k in name), None)
-            if std is None and name.endswith(("in_proj.weight", "out_proj.weight")):
-                std = param.shape[1] ** -0.5
-            if std is not None:
-                param.copy_(normal(std, *param.shape))
-    model.save_pretrained(directory)
-    return directory
-
-
-#: Qwen3-Next's attention beside NEMOTRON_H's sizes; its gated delta net
-#: with one key and two value heads of 128 (the CPU kernel's head size), a
-#: mixture of 4 experts (2 a token) with a shared expert.
+#: ``CONFIG`` for attention; a gated delta net with one key and two value
+#: heads of 128 (the CPU kernel's head size), a mixture of 4 experts (2 a
+#: token) with a shared expert.
 QWEN3_NEXT = {
-    **{k: NEMOTRON_H[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
-                                  "num_key_value_heads", "head_dim", "vocab_size",
-                                  "max_position_embeddings", "tie_word_embeddings",
-                                  "bos_token_id", "eos_token_id", "pad_token_id")},
+    **_HYBRID_BASE,
+    "pad_token_id": 0,
     "linear_num_key_heads": 1,
     "linear_num_value_heads": 2,
     "linear_key_head_dim": 128,
@@ -185,6 +152,52 @@ QWEN3_NEXT = {
 }
 
 
+def _from_config(directory: Path | str, model_type: str, config: dict, scales: dict,
+                 fan_in: tuple[str, ...], seed: int) -> Path:
+    """A checkpoint of transformers' own model class for ``model_type``
+    (``config``), its weights drawn again: those whose name contains a key
+    of ``scales`` at that standard deviation, those whose name ends with one
+    of ``fan_in`` at 1/sqrt(fan_in)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    directory = Path(directory)
+    # (what is not drawn again -- a Mamba mixer's dt_bias, say -- is
+    # transformers' own initialisation, from torch's global generator)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(
+        AutoConfig.for_model(model_type, **config, dtype="float32"))
+    normal = _normal(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            std = next((v for k, v in scales.items() if k in name), None)
+            if std is None and name.endswith(fan_in):
+                std = param.shape[1] ** -0.5
+            if std is not None:
+                param.copy_(normal(std, *param.shape))
+    model.save_pretrained(directory)
+    return directory
+
+
+def make_nemotronh_model(directory: Path | str, *, pattern: str = "M*-M-",
+                         seed: int = 1234) -> Path:
+    """A tiny NemotronH checkpoint (``NemotronHForCausalLM``, a Mamba2
+    hybrid): its layers by ``pattern``, NemotronH's own notation (``M`` a
+    Mamba2 mixer, ``*`` attention, ``-`` an MLP), made with transformers' own
+    config and model classes; the projections then drawn again at the scales
+    of ``_STD`` (the Mamba mixer's at 1/sqrt(fan_in), its convolution at
+    0.5), so that what each layer reads -- the KV cache, the Mamba state --
+    decides the tokens."""
+    kinds = {"M": "linear_attention", "*": "full_attention", "-": "mlp"}
+    config = {**NEMOTRON_H, "layers_block_type": [kinds[c] for c in pattern],
+              "architectures": ["NemotronHForCausalLM"]}
+    scales = {"embeddings": _STD["embed"], "q_proj": _STD["q"], "k_proj": _STD["k"],
+              "v_proj": _STD["v"], "o_proj": _STD["o"], "up_proj": _STD["mlp"],
+              "down_proj": _STD["mlp"], "lm_head": _STD["head"], "conv1d.weight": 0.5}
+    return _from_config(directory, "nemotron_h", config, scales,
+                        ("in_proj.weight", "out_proj.weight"), seed)
+
+
 def make_qwen3next_model(directory: Path | str, *, pattern: str = "LLLA",
                          seed: int = 1234) -> Path:
     """A tiny Qwen3-Next checkpoint (``Qwen3NextForCausalLM``, a gated
@@ -194,31 +207,17 @@ def make_qwen3next_model(directory: Path | str, *, pattern: str = "LLLA",
     again at the scales of ``_STD`` (the delta net's at 1/sqrt(fan_in), its
     convolution at 0.5), so that what each layer reads -- the KV cache, the
     recurrent state -- decides the tokens."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     kinds = {"L": "linear_attention", "A": "full_attention"}
-    directory = Path(directory)
-    config = AutoConfig.for_model(
-        "qwen3_next", **QWEN3_NEXT, num_hidden_layers=len(pattern),
-        layer_types=[kinds[c] for c in pattern], architectures=["Qwen3NextForCausalLM"],
-        dtype="float32")
-    model = AutoModelForCausalLM.from_config(config)
-    normal = _normal(seed)
+    config = {**QWEN3_NEXT, "num_hidden_layers": len(pattern),
+              "layer_types": [kinds[c] for c in pattern],
+              "architectures": ["Qwen3NextForCausalLM"]}
     scales = {"embed_tokens": _STD["embed"], "q_proj": _STD["q"], "k_proj": _STD["k"],
               "v_proj": _STD["v"], "o_proj": _STD["o"], "lm_head": _STD["head"],
               "conv1d.weight": 0.5, "gate_proj": _STD["mlp"], "up_proj": _STD["mlp"],
               "down_proj": _STD["mlp"], "experts.": _STD["mlp"]}
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            std = next((v for k, v in scales.items() if k in name), None)
-            if std is None and name.endswith(("in_proj_qkvz.weight", "in_proj_ba.weight",
-                                              "linear_attn.out_proj.weight")):
-                std = param.shape[1] ** -0.5
-            if std is not None:
-                param.copy_(normal(std, *param.shape))
-    model.save_pretrained(directory)
-    return directory
+    return _from_config(directory, "qwen3_next", config, scales,
+                        ("in_proj_qkvz.weight", "in_proj_ba.weight",
+                         "linear_attn.out_proj.weight"), seed)
 
 
 def _normal(seed: int):
