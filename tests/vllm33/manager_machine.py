@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import inspect
 import random
 from collections.abc import Callable
@@ -143,6 +144,14 @@ LAYOUTS.update({
 def has_cross(layout: str) -> bool:
     """Whether ``layout`` has a cross-attention group."""
     return any(g.kind == "cross" for g in LAYOUTS[layout][0])
+
+
+@functools.cache
+def _takes_prefill_end(coordinator_cls: type) -> bool:
+    """Whether the coordinator's ``get_num_blocks_to_allocate`` takes the
+    prompt's end (0.31 on, for Mamba groups)."""
+    return "prefill_end" in inspect.signature(
+        coordinator_cls.get_num_blocks_to_allocate).parameters
 
 
 def no_caching_only(layout: str) -> bool:
@@ -772,10 +781,7 @@ class ManagerMachine(RuleBasedStateMachine):
         differently shows a wrong count only at the pool's very border)."""
         twin = self._pick(self._live(), pick)
         enc = self.encoder_tokens(twin) if encoder else 0
-        coordinator_cls = type(self.sides[0].manager.coordinator)
-        # (0.31 on: the prompt's end, for Mamba groups)
-        prefill_end = "prefill_end" in inspect.signature(
-            coordinator_cls.get_num_blocks_to_allocate).parameters
+        prefill_end = _takes_prefill_end(type(self.sides[0].manager.coordinator))
 
         def call(mgr, req):
             computed = req.num_computed_tokens
