@@ -53,8 +53,9 @@ class Tested:
     releases: str | tuple[str, ...]
     #: Which of them every CI run (``.ci/run``) runs: a selector as above,
     #: ``"managers"`` (the newest release of each line with a KV-cache
-    #: manager), or releases named here. ``.ci/run`` reads it through
-    #: ``--releases``, so the table and CI cannot disagree.
+    #: manager), releases named here, or both (``("0.25.1", "managers")``).
+    #: ``.ci/run`` reads it through ``--releases``, so the table and CI
+    #: cannot disagree.
     gate: str | tuple[str, ...]
 
 
@@ -81,7 +82,11 @@ TESTED: tuple[Tested, ...] = (
         "manager must be caught",
         ".ci/vllm-mgr-all.sh",
         "newest",
-        "newest",
+        # Every run: the lines with a manager, and the newest release of each
+        # of the drivers' two workload sets on the older lines (vllm_workload
+        # to 0.25, vllm_workload33 from 0.26); the pool traces run every
+        # release of every line each time. The full run drives every line.
+        ("0.25.1", "0.29.0", "managers"),
     ),
     Tested(
         "own tests",
@@ -138,7 +143,12 @@ def _select(selector: str | tuple[str, ...]) -> tuple[str, ...]:
         return tuple(line.releases[-1] for line in VLLM_LINES if line.manager)
     if isinstance(selector, str):
         raise ValueError(f"unknown release selector {selector!r}")
-    return tuple(selector)
+    # A tuple names releases, and may add a selector's: ("0.25.1", "managers").
+    named = [r for r in selector if r[:1].isdigit()]
+    for word in selector:
+        if not word[:1].isdigit():
+            named += [r for r in _select(word) if r not in named]
+    return tuple(sorted(named, key=_version_key))
 
 
 def suite_releases(entry: Tested, full: bool = True) -> tuple[str, ...]:

@@ -2,9 +2,11 @@
 
 A test marked ``proof`` runs an engine with a deliberately broken pool or
 manager and checks that the comparison catches it: it shows the identity
-tests can fail. The comparison is the same code for every release, so CI
-runs the proofs on one release (``.ci/vllm-engine-tests.sh``: the last of
-its list) and sets ``KVPOOL_ENGINE_PROOFS=0`` for the others.
+tests can fail. The comparison is the same code for every release, so the
+full CI run runs the proofs on one release (``.ci/vllm-engine-tests.sh``:
+the last of its list) and sets ``KVPOOL_ENGINE_PROOFS=0`` for the others;
+every other CI run sets it for all (the proofs prove the tests, which
+change only with ``tests/engine``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if os.environ.get("KVPOOL_ENGINE_PROOFS", "1") != "0":
         return
-    skip = pytest.mark.skip(reason="KVPOOL_ENGINE_PROOFS=0: the proofs run on another release")
+    skip = pytest.mark.skip(reason="KVPOOL_ENGINE_PROOFS=0: the proofs run on another release, or in the full run")
     for item in items:
         if "proof" in item.keywords:
             item.add_marker(skip)
