@@ -62,6 +62,8 @@ cdef class _SpecGroup:
     cdef bint drop_eagle          # EAGLE / MTP: its lookup drops the last hit block
     cdef Py_ssize_t window_blocks # sliding: cdiv(sliding_window - 1, block_size)
     cdef Py_ssize_t chunk         # chunked local attention's chunk size; 0: not chunked
+    cdef Py_ssize_t align_blocks  # full attention: hits rounded down to this many blocks
+                                  # (vLLM's alignment tokens over the block size; 1: none)
     # The group ids as the core's hash map keys them (at most 8: _spec_group
     # makes no _SpecGroup of more, so the lookup's hit arrays of 8 hold them).
     cdef uint32_t gids[8]

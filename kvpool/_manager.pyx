@@ -390,7 +390,7 @@ cdef frozenset _MAMBA_OWN = frozenset({
 # ... and CircularBufferManager, over full attention: one ring block a
 # request (its count, its claim on allocation and on external tokens) done
 # here; its lookup (no hits: its spec is not prefix-cacheable, so vLLM's
-# lookup is kept, _plan_lookup), cache_blocks, add_local_computed_blocks,
+# coordinator leaves it out, and so does _plan_lookup), cache_blocks, add_local_computed_blocks,
 # remove_skipped_blocks, skipped tokens and common-prefix count (0.30, 0.31)
 # do nothing, which these paths do too.
 cdef frozenset _RING_OWN = frozenset({
@@ -434,6 +434,7 @@ cdef _SpecGroup _spec_group(list group_ids, bint sliding, bint drop_eagle, Py_ss
     s.sliding = sliding
     s.drop_eagle = drop_eagle
     s.window_blocks = _cdiv(window - 1, block_size) if sliding else 0
+    s.align_blocks = 1
     for j in range(s.ngids):
         s.gids[j] = <uint32_t> group_ids[j]
     return s
@@ -448,22 +449,27 @@ cdef int _plan_lookup(ManagerPlan p, object coordinator, object full_cls, object
     # one of a sliding window), every group's block the hash block and the
     # hit alignment (no fine-grained hits, no re-alignment after a drop), no
     # group retaining longer hits (every group's class is exactly vLLM's, so
-    # the finders are vLLM's). lookup_specs stays None otherwise, and
-    # vLLM's method looks up. Every lookup's block is then the hash block.
+    # the finders are vLLM's). A circular buffer's group takes no part: its
+    # spec is not prefix-cacheable, so vLLM's hybrid coordinator leaves it
+    # out of the lookup (its hit is an empty list) whatever its block size.
+    # lookup_specs stays None otherwise, and vLLM's method looks up. Every
+    # lookup's block is then the hash block.
     cdef _Group g
     cdef tuple specs
+    cdef Py_ssize_t bs = p.hash_block_size
     if p.ngroups == 0:
         return 0
-    cdef Py_ssize_t bs = (<_Group> p.groups[0]).block_size
     for x in p.groups:
         g = <_Group> x
+        if g.ring and not _prefix_cacheable(g):
+            continue
         if g.block_size != bs or getattr(g.mgr, "retains_longer_hit", False):
             return 0
-    if bs != p.hash_block_size or getattr(coordinator, "enable_partial_hash_hits", False):
+    if getattr(coordinator, "enable_partial_hash_hits", False):
         return 0
     g = <_Group> p.groups[0]
     if type(coordinator) is unitary_cls:
-        if p.ngroups != 1 or coordinator.block_size != bs or g.chunked:
+        if p.ngroups != 1 or coordinator.block_size != bs or g.chunked or g.ring:
             return 0
         # vLLM's unitary coordinator: drop_eagle_block=0 in <that set>.
         specs = (
@@ -477,22 +483,47 @@ cdef int _plan_lookup(ManagerPlan p, object coordinator, object full_cls, object
     return 0
 
 
+cdef bint _prefix_cacheable(_Group g):
+    # What vLLM's hybrid coordinator reads to leave a group out of lookups.
+    return bool(getattr(g.mgr.kv_cache_spec, "prefix_cacheable", True))
+
+
 cdef tuple _hybrid_specs(ManagerPlan p, object coordinator, object full_cls, object sliding_cls,
                          object chunked_cls, object hybrid_cls, Py_ssize_t bs):
     # The hybrid coordinator's simple hybrid (see _plan_lookup), or None:
     # full attention, then a sliding window or chunked local attention (not
     # under EAGLE: vLLM's chunked finder asserts that it drops no block).
-    if type(coordinator) is not hybrid_cls or coordinator._cache_hit_alignment_tokens != bs:
+    # Beside them only circular buffers' groups, which vLLM's lookup leaves
+    # out; so also full attention alone among the looked-up groups, whose
+    # fixed-point loop ends after its first pass.
+    cdef list outside = [i for i in range(p.ngroups) if (<_Group> p.groups[i]).ring
+                         and not _prefix_cacheable(<_Group> p.groups[i])]
+    cdef _SpecGroup only
+    if type(coordinator) is not hybrid_cls:
         return None
+    align = coordinator._cache_hit_alignment_tokens
     groups = coordinator.attention_groups
-    if len(groups) != 2:
+    if not 1 <= len(groups) <= 2 or not isinstance(align, int) or align <= 0 or align % bs:
         return None
-    full, window = groups[0], groups[1]
+    full = groups[0]
     if not any(c.__name__ == "FullAttentionSpec" for c in type(full.spec).__mro__) \
             or full.manager_cls is not full_cls:
         return None
+    if len(groups) == 1:
+        # Its finder rounds its hit down to the alignment: the least common
+        # multiple of every group's block size, the circular buffers' too.
+        if sorted(list(full.group_ids) + outside) != list(range(p.ngroups)):
+            return None
+        only = _spec_group(full.group_ids, False, bool(full.use_eagle), 0, bs)
+        if only is not None:
+            only.align_blocks = align // bs
+        return (only,)
+    if align != bs:
+        return None
+    window = groups[1]
     if window.manager_cls is chunked_cls and chunked_cls is not None and not window.use_eagle:
-        if sorted(list(full.group_ids) + list(window.group_ids)) != list(range(p.ngroups)):
+        if sorted(list(full.group_ids) + list(window.group_ids) + outside) \
+                != list(range(p.ngroups)):
             return None
         chunked = _spec_group(window.group_ids, False, False, 0, bs)
         if chunked is not None:
@@ -502,7 +533,7 @@ cdef tuple _hybrid_specs(ManagerPlan p, object coordinator, object full_cls, obj
         return (_spec_group(full.group_ids, False, bool(full.use_eagle), 0, bs), chunked)
     if window.manager_cls is not sliding_cls:
         return None
-    if sorted(list(full.group_ids) + list(window.group_ids)) != list(range(p.ngroups)):
+    if sorted(list(full.group_ids) + list(window.group_ids) + outside) != list(range(p.ngroups)):
         return None
     return (
         _spec_group(full.group_ids, False, bool(full.use_eagle), 0, bs),
@@ -1397,6 +1428,11 @@ cdef Py_ssize_t _find_full(ManagerPlan p, _SpecGroup s, object get_cached_block,
         k += 1
     if drop and k > 0:
         k -= 1
+    # vLLM's finder rounds the hit down to the coordinator's alignment (the
+    # least common multiple of the groups' block sizes, a multiple of this
+    # group's: _hybrid_specs).
+    k -= k % s.align_blocks
+    if k < PyList_GET_SIZE(<list> PyList_GET_ITEM(out, 0)):
         for j in range(s.ngids):
             del (<list> PyList_GET_ITEM(out, j))[k:]
     return k * p.hash_block_size
@@ -1510,6 +1546,10 @@ cdef object _lookup_specs(ManagerPlan p, list hashes, Py_ssize_t max_length):
             if not s.sliding and not s.chunk:
                 for j in range(s.ngids):
                     del (<list> by_group[<Py_ssize_t> s.group_ids[j]])[k:]
+        # A group left out of the lookup (a circular buffer's) hits nothing.
+        for k in range(p.ngroups):
+            if by_group[k] is None:
+                by_group[k] = []
     return tuple(by_group), curr, longest - curr
 
 
