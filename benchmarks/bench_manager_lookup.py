@@ -3,7 +3,7 @@ against vLLM's, on the same manager, pool and requests.
 
 Per configuration (full attention + a sliding window, a sliding window
 alone, each with and without EAGLE's dropped block; one full-attention
-group for comparison): the driver's requests (shared prompt prefixes) are
+group for comparison; full attention beside a circular buffer): the driver's requests (shared prompt prefixes) are
 admitted whole, cached and freed, so their blocks stay in the prefix cache;
 then, each round, every request is looked up ``--passes`` times by kvpool's
 compiled method and as often by vLLM's own
@@ -60,6 +60,10 @@ def main() -> None:
         ("sliding window alone, EAGLE", vw.HYBRID,
          {"groups": (sliding,), "spec_tokens": 3, "eagle": True}),
         ("full attention (the direct lookup)", vw.FULL, {}),
+        # A circular buffer's group takes no part in the lookup; full
+        # attention's hits are rounded down to its 64-token block.
+        ("full + a circular buffer", vw.HYBRID,
+         {"groups": (vw.Group("full", 16), vw.Group("ring", 64))}),
     ]
     print(f"vLLM {vllm.__version__}, {args.requests} requests looked up {args.passes} times "
           f"a round, {args.rounds} rounds, load average {os.getloadavg()[0]:.2f} at start")
