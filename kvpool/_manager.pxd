@@ -40,6 +40,7 @@ cdef class _Group:
     # subclass): one ring block a request, claimed when it has none; no
     # prefix caching, no hits, nothing skipped.
     cdef bint ring
+    cdef bint unlooked            # a ring whose spec is not prefix-cacheable: no lookup
     cdef bint has_cap             # max_admission_blocks_per_request is set
     cdef Py_ssize_t cap
     cdef bint caching             # the manager's enable_caching

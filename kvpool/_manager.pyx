@@ -260,6 +260,8 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
         g.cross = cls is cross_cls
         g.mamba = cls is mamba_cls
         g.ring = ring
+        # (vLLM's hybrid coordinator leaves such a group out of its lookups)
+        g.unlooked = ring and not bool(getattr(mgr.kv_cache_spec, "prefix_cacheable", True))
         if g.mamba:
             # (its get_num_blocks_to_allocate adds the spec's block size, its
             # allocate_new_blocks its own: one figure only if they agree)
@@ -461,7 +463,7 @@ cdef int _plan_lookup(ManagerPlan p, object coordinator, object full_cls, object
         return 0
     for x in p.groups:
         g = <_Group> x
-        if g.ring and not _prefix_cacheable(g):
+        if g.unlooked:
             continue
         if g.block_size != bs or getattr(g.mgr, "retains_longer_hit", False):
             return 0
@@ -483,9 +485,13 @@ cdef int _plan_lookup(ManagerPlan p, object coordinator, object full_cls, object
     return 0
 
 
-cdef bint _prefix_cacheable(_Group g):
-    # What vLLM's hybrid coordinator reads to leave a group out of lookups.
-    return bool(getattr(g.mgr.kv_cache_spec, "prefix_cacheable", True))
+cdef bint _covers(ManagerPlan p, tuple specs):
+    # Whether the looked-up specs' groups and the groups left out of lookups
+    # are every group, each once.
+    ids = [i for i in range(p.ngroups) if (<_Group> p.groups[i]).unlooked]
+    for spec in specs:
+        ids.extend(spec.group_ids)
+    return sorted(ids) == list(range(p.ngroups))
 
 
 cdef tuple _hybrid_specs(ManagerPlan p, object coordinator, object full_cls, object sliding_cls,
@@ -496,8 +502,6 @@ cdef tuple _hybrid_specs(ManagerPlan p, object coordinator, object full_cls, obj
     # Beside them only circular buffers' groups, which vLLM's lookup leaves
     # out; so also full attention alone among the looked-up groups, whose
     # fixed-point loop ends after its first pass.
-    cdef list outside = [i for i in range(p.ngroups) if (<_Group> p.groups[i]).ring
-                         and not _prefix_cacheable(<_Group> p.groups[i])]
     cdef _SpecGroup only
     if type(coordinator) is not hybrid_cls:
         return None
@@ -512,7 +516,7 @@ cdef tuple _hybrid_specs(ManagerPlan p, object coordinator, object full_cls, obj
     if len(groups) == 1:
         # Its finder rounds its hit down to the alignment: the least common
         # multiple of every group's block size, the circular buffers' too.
-        if sorted(list(full.group_ids) + outside) != list(range(p.ngroups)):
+        if not _covers(p, (full,)):
             return None
         only = _spec_group(full.group_ids, False, bool(full.use_eagle), 0, bs)
         if only is not None:
@@ -522,8 +526,7 @@ cdef tuple _hybrid_specs(ManagerPlan p, object coordinator, object full_cls, obj
         return None
     window = groups[1]
     if window.manager_cls is chunked_cls and chunked_cls is not None and not window.use_eagle:
-        if sorted(list(full.group_ids) + list(window.group_ids) + outside) \
-                != list(range(p.ngroups)):
+        if not _covers(p, (full, window)):
             return None
         chunked = _spec_group(window.group_ids, False, False, 0, bs)
         if chunked is not None:
@@ -533,7 +536,7 @@ cdef tuple _hybrid_specs(ManagerPlan p, object coordinator, object full_cls, obj
         return (_spec_group(full.group_ids, False, bool(full.use_eagle), 0, bs), chunked)
     if window.manager_cls is not sliding_cls:
         return None
-    if sorted(list(full.group_ids) + list(window.group_ids) + outside) != list(range(p.ngroups)):
+    if not _covers(p, (full, window)):
         return None
     return (
         _spec_group(full.group_ids, False, bool(full.use_eagle), 0, bs),
