@@ -134,10 +134,15 @@ LAYOUTS: dict[str, tuple[tuple[vw.Group, ...], int]] = {
     # A compressor's circular buffer beside full attention: one ring block
     # a request.
     "full/4+ring/8": ((G("full", 4), G("ring", 8)), 4),
+    # ... and beside full attention and a sliding window, a ring of the
+    # hash block: the simple hybrid's lookup, the ring left out.
+    "full/4+sliding/4+ring/4": (
+        (G("full", 4), G("sliding", 4, sliding_window=10), G("ring", 4)), 4),
 }
 # The same under EAGLE (use_eagle: the lookups drop the last hit block).
 LAYOUTS.update({
-    f"{name}+eagle": LAYOUTS[name] for name in ("full/4", "full/4+sliding/4", "sliding/4")
+    f"{name}+eagle": LAYOUTS[name]
+    for name in ("full/4", "full/4+sliding/4", "sliding/4", "full/4+sliding/4+ring/4")
 })
 
 

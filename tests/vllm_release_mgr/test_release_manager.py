@@ -213,6 +213,13 @@ if LATE_DRIVER:
         WORKLOADS["connector+ring"] = vw.HYBRID.scaled(
             name="KV connector, full + a circular buffer", num_requests=_n(300),
             num_blocks=NUM_BLOCKS, **connector, **ring)
+        # ... beside full attention and a sliding window, the ring's block
+        # the hash block: the lookup is the simple hybrid's, the ring left
+        # out (with EAGLE's drop, and the window's extra block).
+        WORKLOADS["eagle+sliding+ring"] = vw.HYBRID.scaled(
+            name="EAGLE, full + sliding window + a circular buffer", num_requests=_n(200),
+            num_blocks=NUM_BLOCKS, **eagle,
+            groups=(*vw.HYBRID.groups, vw.Group("ring", vw.HYBRID.groups[0].block_size)))
     if hasattr(vllm_kv_cache_interface, "KpoolTailSpec"):  # 0.30, 0.31
         WORKLOADS["full+kpool-tail"] = WORKLOADS["full+ring"].scaled(
             name="full + a kpool tail (a circular buffer over a sliding-window spec)",
