@@ -19,6 +19,8 @@
 #   KVPOOL_ENGINE_PYTEST_ARGS  extra pytest arguments
 #   KVPOOL_ENGINE_PROOFS       0: no planted-fault proofs (every CI run but
 #                              the full one, .ci/run)
+#   KVPOOL_ENGINE_ALL          0: not the scenarios another one covers
+#                              (every CI run but the full one, .ci/run)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
