@@ -22,6 +22,11 @@ Configurations:
   attention layer: two KV-cache groups) with prefix caching off
   (``mamba_cache_mode`` "none"), 256 concurrent requests, 768 requests of
   49-64 prompt tokens, 64 output tokens each, KV events off;
+- ``scheduler-mamba-caching``: the same model with prefix caching on
+  (``mamba_cache_mode`` "align", which kvpool's manager leaves to vLLM's
+  code), 64-token blocks and prefill chunks, 64 concurrent requests, 768
+  requests of 129-144 prompt tokens over 8 shared 128-token prefixes, 32
+  output tokens each;
 - ``model``: a 4-layer model, 32 concurrent requests (the
   model runner dominates).
 
@@ -120,6 +125,19 @@ CONFIGS["scheduler-mamba"] = {
                  "num_requests": 768, "max_tokens": 64, "num_blocks": 4096,
                  "max_num_seqs": 256, "max_num_batched_tokens": 512, "max_model_len": 256,
                  "prefix_caching": False, "events": False},
+}
+# ... with prefix caching on: vLLM's Mamba manager in mamba_cache_mode
+# "align" (a state kept at each block boundary), which kvpool's manager
+# leaves to vLLM's code (docs/manager.md): its share is what is left to
+# compile. 64-token blocks (the engine's, the state's and attention's) and
+# prefill chunks of one block: a chunk over a state boundary asks the CPU
+# Mamba2 kernel for a prefill checkpoint, which it does not export.
+CONFIGS["scheduler-mamba-caching"] = {
+    "model": {"maker": "make_nemotronh_model", "pattern": "M*", "layers": 2},
+    "scenario": {"num_prefixes": 8, "prefix_tokens": 128, "tail_tokens": 16,
+                 "num_requests": 768, "max_tokens": 32, "num_blocks": 4096,
+                 "max_num_seqs": 64, "max_num_batched_tokens": 64, "max_model_len": 256,
+                 "block_size": 64, "prefix_caching": True, "events": False},
 }
 QUICK = {"num_requests": 96, "max_tokens": 16}
 
