@@ -36,6 +36,15 @@ cdef class _Group:
     # num_speculative_blocks blocks' tokens added to every count.
     cdef bint mamba
     cdef Py_ssize_t extra_tokens  # block_size * num_speculative_blocks; 0 for other classes
+    # MambaManager in mamba_cache_mode "align" (prefix caching on): only a
+    # running request's steps that change nothing of its state tables are
+    # done here (see _align_steady); every other step is vLLM's code.
+    cdef bint align
+    cdef Py_ssize_t nsb           # num_speculative_blocks (align)
+    cdef object ckpts             # _checkpoints (a dict)
+    cdef object allocated         # _allocated_block_reqs (a set)
+    cdef object last_state        # last_state_block_idx (a dict)
+    cdef object retired           # _num_retired_blocks (a dict)
     # CircularBufferManager (and 0.30/0.31's KpoolTailManager, its empty
     # subclass): one ring block a request, claimed when it has none; no
     # prefix caching, no hits, nothing skipped.
@@ -97,6 +106,11 @@ cdef class ManagerPlan:
     cdef object base_num_blocks   # the coordinator class's get_num_blocks_to_allocate
     cdef bint caching             # any group caches
     cdef bint has_cross           # a cross-attention group (see _Group.cross)
+    cdef bint has_align           # a Mamba group in "align" mode (see _Group.align)
+    # The coordinator's cacheable tokens are at least num_tokens less the
+    # reprefillable ones rounded down to this (the hybrid coordinator's
+    # scheduler block without partial hash hits, else 1; see _align_caches).
+    cdef Py_ssize_t cache_floor
     cdef object status_type       # RequestStatus (its members are singletons)
     # The pool's cache_full_blocks is kvpool's (the 0.33 facade's over the
     # compiled core): without events it is the core's _cache_run33.

@@ -57,6 +57,8 @@ cdef extern from "Python.h":
     bint PyList_CheckExact(object o)
     bint PyTuple_CheckExact(object o)
     bint PyDict_Check(object o)
+    bint PySet_Check(object o)
+    int PySet_Contains(object s, object key) except -1
     long long PyLong_AsLongLongAndOverflow(object o, int *overflow)
     object PyObject_Vectorcall(object callable, PyObject **args, size_t nargsf, object kwnames)
 
@@ -231,9 +233,9 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
             return None, f"a {cls.__name__} group with prefix caching"
         if cls is mamba_cls:
             mode = getattr(mgr, "mamba_cache_mode", None)
-            if mode != "none":
+            if mode not in ("none", "align"):
                 return None, f"a {cls.__name__} group in mamba_cache_mode {mode!r}"
-            if mgr.enable_caching:
+            if mode == "none" and mgr.enable_caching:
                 return None, f"a {cls.__name__} group with prefix caching"
         if mgr.block_pool is not pool:
             return None, "groups over different pools"
@@ -241,6 +243,7 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
             return None, "context parallelism"
         g = _Group.__new__(_Group)
         g.mgr = mgr
+        g.align = cls is mamba_cls and mgr.mamba_cache_mode == "align"
         if not _bind_tables(g):
             return None, _NOT_DICTS
         g.block_size = mgr.block_size
@@ -270,6 +273,15 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
             g.extra_tokens = g.block_size * mgr.num_speculative_blocks
             if g.extra_tokens < 0:
                 return None, "a negative number of speculative blocks"
+        if g.align:
+            # (its lookahead-free count: cdiv(main-model tokens, bs) + nsb)
+            g.nsb = mgr.num_speculative_blocks
+            g.extra_tokens = 0
+            alignment = getattr(mgr.kv_cache_spec, "prefill_checkpoint_alignment", None)
+            if mgr.has_prefill_checkpoint_blocks and alignment is not None and not (
+                    isinstance(alignment, int) and alignment > 0):
+                # (vLLM's checkpoint test asserts it on every step)
+                return None, "a prefill checkpoint alignment that is not positive"
         g.full_like = full_like = cls is full_cls or g.rswa
         cap = getattr(mgr, cap_attr)
         g.has_cap = cap is not None
@@ -303,6 +315,12 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
         for x in groups)
     p.caching = any((<_Group> x).caching for x in groups)
     p.has_cross = any((<_Group> x).cross for x in groups)
+    p.has_align = any((<_Group> x).align for x in groups)
+    p.cache_floor = 1
+    if type(coordinator) is hybrid_cls and not getattr(coordinator, "enable_partial_hash_hits", False):
+        p.cache_floor = coordinator.scheduler_block_size
+        if p.cache_floor <= 0:
+            return None, "a scheduler block size that is not positive"
     p.pool = pool
     p.pool_core = (
         pool
@@ -465,7 +483,7 @@ cdef int _plan_lookup(ManagerPlan p, object coordinator, object full_cls, object
         g = <_Group> x
         if g.unlooked:
             continue
-        if g.block_size != bs or getattr(g.mgr, "retains_longer_hit", False):
+        if g.block_size != bs or g.mamba or getattr(g.mgr, "retains_longer_hit", False):
             return 0
     if getattr(coordinator, "enable_partial_hash_hits", False):
         return 0
@@ -588,12 +606,32 @@ cdef str _NOT_DICTS = "request tables that are not dicts"
 
 cdef bint _bind_tables(_Group g) except -1:
     # Bind the group's request tables if all three are dicts (what the
-    # compiled paths' PyDict calls need); False, binding nothing, if not.
+    # compiled paths' PyDict calls need) -- an align-mode Mamba group's four
+    # more too, dicts and a set -- False, binding nothing, if not.
     rtb, ncb, phr = g.mgr.req_to_blocks, g.mgr.num_cached_block, g.mgr._partial_hit_reqs
     if not (PyDict_Check(rtb) and PyDict_Check(ncb) and PyDict_Check(phr)):
         return False
+    if g.align:
+        mgr = g.mgr
+        ckpts, allocated = mgr._checkpoints, mgr._allocated_block_reqs
+        last_state, retired = mgr.last_state_block_idx, mgr._num_retired_blocks
+        if not (PyDict_Check(ckpts) and PySet_Check(allocated) and PyDict_Check(last_state)
+                and PyDict_Check(retired)):
+            return False
+        g.ckpts, g.allocated, g.last_state, g.retired = ckpts, allocated, last_state, retired
     g.rtb, g.ncb, g.phr = rtb, ncb, phr
     return True
+
+
+cdef bint _bound(_Group g):
+    # Whether the group's tables are still the ones bound.
+    mgr = g.mgr
+    if (mgr.req_to_blocks is not g.rtb or mgr.num_cached_block is not g.ncb
+            or mgr._partial_hit_reqs is not g.phr):
+        return False
+    return not g.align or (
+        mgr._checkpoints is g.ckpts and mgr._allocated_block_reqs is g.allocated
+        and mgr.last_state_block_idx is g.last_state and mgr._num_retired_blocks is g.retired)
 
 
 def refresh(self):
@@ -605,8 +643,7 @@ def refresh(self):
     if plan is None:
         return
     for g in (<ManagerPlan> plan).groups:
-        if (g.mgr.req_to_blocks is not g.rtb or g.mgr.num_cached_block is not g.ncb
-                or g.mgr._partial_hit_reqs is not g.phr) and not _bind_tables(g):
+        if not _bound(g) and not _bind_tables(g):
             # Out of the scope from now on: vLLM's code serves it.
             self._kvpool_plan = None
             self.coordinator._kvpool_plan = None
@@ -653,6 +690,8 @@ cdef inline Py_ssize_t _group_new_blocks(_Group g, Py_ssize_t have, Py_ssize_t t
         return 0 if have > 0 else 1
     if g.cross:
         return _cdiv(enc, g.block_size) - have
+    if g.align:
+        return 0  # (_align_steady has seen its table long enough)
     return _cdiv(tokens + g.extra_tokens, g.block_size) - have
 
 
@@ -754,6 +793,51 @@ cdef bint _gap_has_left(ManagerPlan p, _Group g, object rid, Py_ssize_t processe
     return (<object> entry)[last - 1] is not p.null_block
 
 
+cdef bint _align_has_left(ManagerPlan p, _Group g, object rid, Py_ssize_t processed) except -1:
+    # Would an align-mode MambaManager's remove_skipped_blocks(rid,
+    # processed) change anything? Its base part frees (or marks retired)
+    # the blocks of [retired, (processed - 1) // bs), making the request's
+    # entry first; its own part frees the previous step's state block,
+    # last_state_block_idx, once processed passes it. Anything unusual (no
+    # entry to make, a count that is not an int, an index that is not
+    # plainly in range): True, and vLLM's method decides.
+    cdef Py_ssize_t skipped = processed - 1, n, first = 0, ls
+    cdef PyObject *entry = PyDict_GetItemWithError(g.rtb, rid)
+    cdef PyObject *value
+    if entry == NULL:
+        if PyErr_Occurred():
+            return -1
+    elif not PyList_CheckExact(<object> entry):
+        return True
+    if skipped > 0:
+        if entry == NULL:
+            return True
+        n = skipped // g.block_size
+        if n > PyList_GET_SIZE(<object> entry):
+            n = PyList_GET_SIZE(<object> entry)
+        value = PyDict_GetItemWithError(g.retired, rid)
+        if value != NULL and not _count(<object> value, &first):
+            return True
+        if value == NULL and PyErr_Occurred():
+            return -1
+        if first < 0:
+            first = 0
+        if first < n:
+            return True
+    value = PyDict_GetItemWithError(g.last_state, rid)
+    if value == NULL:
+        if PyErr_Occurred():
+            return -1
+        return False
+    if not _count(<object> value, &ls):
+        return True
+    if ls >= _cdiv(processed, g.block_size) - 1:
+        return False
+    if entry == NULL or ls < 0 or ls >= PyList_GET_SIZE(<object> entry):
+        return True
+    return <object> PyList_GET_ITEM(<object> entry, ls) is not p.null_block
+
+
 cdef int _free_early(ManagerPlan p, object rid, Py_ssize_t processed, object prompt) except -1:
     # The coordinator's remove_skipped_blocks(rid, processed, prompt): each
     # manager that would free a block is called, in group order (the others'
@@ -761,7 +845,10 @@ cdef int _free_early(ManagerPlan p, object rid, Py_ssize_t processed, object pro
     cdef _Group g
     cdef Py_ssize_t n_prompt = 0
     for g in p.groups:
-        if g.sliding or g.chunked or g.mamba:
+        if g.align:
+            if _align_has_left(p, g, rid, processed):
+                g.mgr.remove_skipped_blocks(rid, processed, prompt)
+        elif g.sliding or g.chunked or g.mamba:
             if _window_has_left(p, g, rid, processed):
                 g.mgr.remove_skipped_blocks(rid, processed, prompt)
         elif g.rswa and prompt is not None:
@@ -813,7 +900,7 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
     for g in p.groups:
         if not g.caches:
             continue
-        if g.partial_tail:
+        if g.partial_tail or (g.align and not _align_tail_idle(p, g, request, rid, num_tokens)):
             return _cache_in_vllm(p, request, num_tokens)
         full = _floordiv(cacheable, g.block_size)
         entry = PyDict_GetItemWithError(g.ncb, rid)
@@ -925,7 +1012,7 @@ cdef bint _nothing_to_cache(ManagerPlan p, object rid, Py_ssize_t num_tokens) ex
     for g in p.groups:
         if not g.caches:
             continue
-        if g.partial_tail:
+        if g.partial_tail or g.align:
             return False
         entry = PyDict_GetItemWithError(g.ncb, rid)
         if entry == NULL:
@@ -935,6 +1022,30 @@ cdef bint _nothing_to_cache(ManagerPlan p, object rid, Py_ssize_t num_tokens) ex
         if cached < _floordiv(num_tokens, g.block_size):
             return False
     return True
+
+
+cdef bint _align_tail_idle(ManagerPlan p, _Group g, object request, object rid,
+                           Py_ssize_t num_tokens) except -1:
+    # Whether an align-mode Mamba group's partial-tail step would do nothing
+    # when the coordinator caches ``num_tokens``: no checkpoint is pending
+    # (its branch re-keys or evicts the checkpoint block), and the group's
+    # cacheable tokens -- at least num_tokens less the reprefillable ones,
+    # rounded down to cache_floor, whatever the release, EAGLE or not -- are
+    # past the prompt, where neither the prompt's tail (a position within
+    # the prompt) nor a shared-prefix boundary (also within it) can be.
+    # Its base part is _cache's full-block test, as any group's.
+    cdef Py_ssize_t least, prompt
+    if PyDict_Contains(g.ckpts, rid):
+        return False
+    if num_tokens <= 0:
+        return True
+    least = num_tokens - p.reprefillable if p.reprefillable > 0 else num_tokens
+    if least < 0:
+        least = 0
+    least = least // p.cache_floor * p.cache_floor
+    if not _count(request.num_prompt_tokens, &prompt):
+        return False
+    return least > prompt
 
 
 cdef int _cache_in_vllm(ManagerPlan p, object request, Py_ssize_t num_tokens) except -1:
@@ -1126,6 +1237,42 @@ cdef object _plain_stored(ManagerPlan p, object pool, object request, list hashe
 cdef object _VLLM = object()
 
 
+cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
+                        Py_ssize_t new_tokens) except -1:
+    # Whether, for a call adopting nothing (the caller checked: no hit, no
+    # external tokens, no full-sequence admission, no partial hit pending),
+    # every align-mode Mamba group's part of allocate_slots changes nothing
+    # of its tables: the request has had its blocks (_allocated_block_reqs),
+    # its last predictor set no checkpoint, and its table already holds
+    # cdiv(main_tokens, bs) + num_speculative_blocks blocks. Then vLLM's
+    # predictor sets no checkpoint either -- its test wants the checkpoint
+    # at least a hash block past the chunk's start and before its end,
+    # impossible for a chunk of no more than a hash block -- so it pops
+    # nothing and counts no new block, and allocate_new_blocks takes its
+    # fast path (the request is in _allocated_block_reqs already).
+    cdef _Group g
+    cdef PyObject *entry
+    cdef int member
+    if new_tokens > p.hash_block_size:
+        return False
+    for g in p.groups:
+        if not g.align:
+            continue
+        member = PySet_Contains(g.allocated, rid)
+        if member != 1 or PyDict_Contains(g.ckpts, rid):
+            return False
+        entry = PyDict_GetItemWithError(g.rtb, rid)
+        if entry == NULL:
+            if PyErr_Occurred():
+                return -1
+            return False
+        if not PyList_CheckExact(<object> entry):
+            return False
+        if _cdiv(main_tokens, g.block_size) + g.nsb > PyList_GET_SIZE(<object> entry):
+            return False
+    return True
+
+
 cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
                       new_computed_blocks, num_lookahead_tokens,
                       num_external_computed_tokens, delay_cache_blocks,
@@ -1172,17 +1319,22 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
             p.has_cross and (adopt is not None or ext > 0)):
         p.n_base += 1
         return _VLLM
-    # From here on this is vLLM's allocate_slots, in its order.
     adopts = adopt is not None or ext > 0
+    total = computed + ext
+    if total > p.max_model_len:
+        total = p.max_model_len
+    main_tokens = total + new_tokens
+    if p.has_align and (adopts or full_sequence_must_fit
+                        or not _align_steady(p, rid, main_tokens, new_tokens)):
+        p.n_base += 1
+        return _VLLM
+    # From here on this is vLLM's allocate_slots, in its order.
     if not adopts:
         p.n_fast += 1
     elif ext == 0:
         p.n_adopt += 1
     else:
         p.n_external += 1
-    total = computed + ext
-    if total > p.max_model_len:
-        total = p.max_model_len
     if has_scheduled_reqs:
         status = request.status
         if status is p.waiting or status is p.preempted or (
@@ -1200,7 +1352,6 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
                 None if adopt is None else adopt[i], total, True)
         if required + watermark > _free_blocks(p):
             return None
-    main_tokens = total + new_tokens
     need = main_tokens + lookahead
     if need > p.max_model_len:
         need = p.max_model_len
@@ -1211,10 +1362,15 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         _free_early(p, rid, processed, request.num_prompt_tokens)
     required = 0
     for i in range(p.ngroups):
+        g = <_Group> p.groups[i]
+        if g.align:
+            # (its predictor's count, with no checkpoint, no partial hit and
+            # no new block: none, or less than none, summed as vLLM sums it)
+            required += _cdiv(main_tokens, g.block_size) + g.nsb - len(_req_blocks(g, rid))
+            continue
         # (total_computed_tokens: local + external, not capped here)
         required += _group_blocks_to_allocate(
-            <_Group> p.groups[i], rid, need, enc, None if adopt is None else adopt[i],
-            computed + ext, False)
+            g, rid, need, enc, None if adopt is None else adopt[i], computed + ext, False)
     if required + watermark > _free_blocks(p) - reserved:
         return None
     if adopts:
@@ -1699,6 +1855,10 @@ def free(self, request):
     p = <ManagerPlan> plan
     rid = request.request_id
     for g in p.groups:
+        if g.align:
+            # (its pop_blocks_for_free clears its own tables too: vLLM's)
+            g.mgr.free(rid)
+            continue
         # (pop_blocks_for_free, then free_blocks, group by group)
         blocks = g.rtb.pop(rid, [])
         g.ncb.pop(rid, None)
@@ -1824,6 +1984,9 @@ def coordinator_get_num_blocks_to_allocate(self, request_id, num_tokens, new_com
         and PyTuple_CheckExact(new_computed_blocks) and len(new_computed_blocks) == p.ngroups \
         and (not (args or kwargs) or (p.has_prefill_end and len(args) + len(kwargs) == 1
                                       and (args or "prefill_end" in kwargs)))
+    if fast:
+        # (an align-mode Mamba group's predictor may set a checkpoint: vLLM's)
+        fast = not p.has_align
     if fast:
         for group_blocks in new_computed_blocks:
             if len(group_blocks) != 0:

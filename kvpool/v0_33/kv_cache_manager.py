@@ -97,7 +97,11 @@ def group_lines(manager) -> list[str]:
             f"{layers} layer{'s' if layers != 1 else ''}) is served by "
             f"{type(single).__name__}"
         )
-        if reason is None:
+        if reason is None and getattr(single, "mamba_cache_mode", None) == "align":
+            lines.append(f"{what}: kvpool's compiled paths for a running request's steps that "
+                         f"change none of its state tables; vLLM's code for its other steps "
+                         f"(mamba_cache_mode 'align'){lookup}")
+        elif reason is None:
             lines.append(f"{what}: kvpool's compiled paths{lookup}")
         else:
             lines.append(f"{what}: vLLM's code, because kvpool's paths do not serve {reason}")

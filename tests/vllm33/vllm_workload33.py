@@ -137,15 +137,25 @@ class Group(_v15.Group):
     dtype: str = "float16"
     mamba_mode: str = "align"
     speculative_blocks: int = 0
+    # A Mamba "align" group's prefill-checkpoint blocks: a chunk crossing a
+    # state block may keep the state at an inner hash boundary (reserving a
+    # block for it), at multiples of ``checkpoint_alignment`` tokens.
+    checkpoint_blocks: int = 0
+    checkpoint_alignment: int | None = None
 
     def spec(self) -> KVCacheSpec:
         if self.kind == "mamba":
+            checkpoints = {}
+            if self.checkpoint_blocks:
+                checkpoints = {"num_prefill_checkpoint_blocks": self.checkpoint_blocks,
+                               "prefill_checkpoint_alignment": self.checkpoint_alignment}
             return MambaSpec(
                 block_size=self.block_size,
                 shapes=((4,),),
                 dtypes=(torch.float16,),
                 mamba_cache_mode=self.mamba_mode,
                 num_speculative_blocks=self.speculative_blocks,
+                **checkpoints,
             )
         if self.kind in ("sink", "rswa", "chunked", "cross", "ring", "kpool-tail"):
             from vllm.v1 import kv_cache_interface
@@ -358,15 +368,40 @@ def new_request(
     )
 
 
+def _align_tables(managers: list) -> tuple:
+    """What each align-mode Mamba manager keeps per request, for the trace:
+    a step that left one of these tables otherwise than vLLM's code would
+    shows here even where no block or event shows it yet."""
+    def ids(value: Any) -> Any:
+        if isinstance(value, tuple):
+            return tuple(ids(v) for v in value)
+        return getattr(value, "block_id", value)
+
+    return tuple(
+        (
+            tuple(sorted(m._checkpoints.items())),
+            tuple(sorted(m._allocated_block_reqs)),
+            tuple(sorted(m.last_state_block_idx.items())),
+            tuple(sorted(m._num_retired_blocks.items())),
+            tuple(sorted((k, ids(v)) for k, v in m._partial_hit_reqs.items())),
+            tuple(sorted((k, ids(v)) for k, v in m._producer_partial_tail_reqs.items())),
+            tuple(sorted(m.num_cached_block.items())),
+        )
+        for m in managers
+    )
+
+
 def _mamba_split(w: Workload, mgr: KVCacheManager) -> Callable[..., int] | None:
     """With a Mamba "align" group the scheduler clips prefill chunks to where
     Mamba state must be cached: vLLM's own
     ``Scheduler._mamba_block_aligned_split``, bound to the attributes it
     reads, set as ``Scheduler.__init__`` sets them for this configuration
-    (no EAGLE, no prefill-checkpoint blocks, no long-prefill threshold)."""
+    (EAGLE's block drop and the prefill-checkpoint blocks as the workload's,
+    no long-prefill threshold)."""
     mamba = [g for g in w.groups if g.kind == "mamba"]
     if not mamba or not w.enable_caching:
         return None
+    drop = getattr(w, "eagle", False) and not _hash_lookahead(w)
     partial = (
         w.hash_block_size < w.scheduler_block_size
         and mgr.coordinator.enable_partial_hash_hits
@@ -375,12 +410,12 @@ def _mamba_split(w: Workload, mgr: KVCacheManager) -> Callable[..., int] | None:
         cache_config=SimpleNamespace(block_size=mamba[0].block_size),
         block_size=w.scheduler_block_size,
         hash_block_size=w.hash_block_size,
-        use_eagle=False,  # until 0.29.x
-        use_eagle_block_drop=False,  # from 0.30.0
+        use_eagle=drop,  # until 0.29.x
+        use_eagle_block_drop=drop,  # from 0.30.0
         mamba_fine_grained_prefix_cache=False,  # 0.30.0 only
-        num_hash_lookahead_tokens=0,
-        mamba_has_prefill_checkpoint_blocks=False,
-        mamba_prefill_checkpoint_alignment=None,
+        num_hash_lookahead_tokens=_hash_lookahead(w),
+        mamba_has_prefill_checkpoint_blocks=all(g.checkpoint_blocks > 0 for g in mamba),
+        mamba_prefill_checkpoint_alignment=mamba[0].checkpoint_alignment,
         max_num_scheduled_tokens=w.token_budget,
         scheduler_config=SimpleNamespace(long_prefill_token_threshold=0),
         mamba_partial_cache_hit=partial,
@@ -405,6 +440,10 @@ def run(
         random.seed(w.seed)  # the collector samples with the global RNG
     mgr = make_manager(w)
     split = _mamba_split(w, mgr)
+    align_managers = [
+        m for m in mgr.coordinator.single_type_managers
+        if getattr(m, "mamba_cache_mode", None) == "align" and m.enable_caching
+    ]
     if on_manager is not None:
         on_manager(mgr)
     if requests is None:
@@ -715,6 +754,8 @@ def run(
                         tuple(sorted(offloads.items())),
                     )
                 )
+                if align_managers:
+                    trace.append(("mamba", step, _align_tables(align_managers)))
             for req, num_new in scheduled:
                 req.num_computed_tokens += num_new
                 req.num_in_flight_tokens += num_new

@@ -252,6 +252,30 @@ if LATE_DRIVER:
         num_blocks=400,
         metrics_sample_rate=0.5,
     )
+    # Mamba "align" beside full attention of the hash block (so the
+    # manager's own steps decide the caching), with prefill-checkpoint
+    # blocks: a chunk crossing a state block checkpoints inside it.
+    ckpt = {"checkpoint_blocks": 1, "checkpoint_alignment": 16}
+    WORKLOADS["mamba-ckpt"] = vw.FULL.scaled(
+        name="full attention + Mamba align: prefill checkpoints, partial hits",
+        groups=(vw.Group("full", 16), vw.Group("mamba", 64, **ckpt)),
+        hash_block_size=16, num_requests=_n(200), num_prefixes=6, arrivals_per_step=2,
+        repeat_every=3, num_blocks=300, token_budget=256,
+    )
+    # ... in chunks of no more than a hash block or two (a small token
+    # budget): prefill steps within a state block, the prompt's partial
+    # tail cached on one of them.
+    WORKLOADS["mamba-small-chunks"] = WORKLOADS["mamba-ckpt"].scaled(
+        name="full attention + Mamba align: small prefill chunks",
+        num_requests=_n(60), token_budget=16, num_blocks=100,
+    )
+    # ... and with EAGLE's drafts: the Mamba group's speculative blocks,
+    # relocated as drafts are rejected.
+    WORKLOADS["eagle+mamba-ckpt"] = WORKLOADS["mamba-ckpt"].scaled(
+        name="EAGLE, full attention + Mamba align with speculative blocks, checkpoints",
+        groups=(vw.Group("full", 16), vw.Group("mamba", 64, speculative_blocks=3, **ckpt)),
+        **eagle,
+    )
 
 
 def _cores() -> dict[str, ModuleType]:
@@ -456,7 +480,7 @@ _MANAGER_NAME_MODULE = importlib.import_module("vllm.v1.core.sched.scheduler")
 
 # The workloads kvpool's compiled manager paths serve; the others must fall
 # back to vLLM's code for the reason named.
-_FALLBACK = {"mamba-cow": "a MambaManager group in mamba_cache_mode 'align'"}
+_FALLBACK: dict[str, str] = {}
 
 
 def kvpool_manager_class() -> type:
@@ -518,7 +542,15 @@ def test_kvpool_manager_against_vllm(workload: vw.Workload, request: pytest.Fixt
                 # External tokens adopted in C.
                 assert counts["external"] > 0, counts
             assert counts["fast"] > counts["base"], counts
-            if workload.enable_caching:
+            align = any(g.kind == "mamba" and g.mamba_mode == "align" for g in workload.groups)
+            if align:
+                # A Mamba group in "align" mode: its running requests' steps
+                # that change none of its tables are done in C; every other
+                # step (a hit adopted, a new state block, a checkpoint) is
+                # vLLM's code, and so is every lookup.
+                assert counts["adopt"] == 0 and counts["lookups"] == 0, counts
+                assert counts["cache_calls"] > 0, counts
+            elif workload.enable_caching:
                 # Prefix-cache hits adopted, blocks cached (by the pool
                 # directly, or through vLLM's coordinator).
                 assert counts["adopt"] > 0, counts
@@ -673,10 +705,10 @@ def test_each_group_says_what_serves_it(caplog: pytest.LogCaptureFixture) -> Non
                              ("SlidingWindowSpec", "SlidingWindowManager", compiled + lookup)],
     }
     if "mamba-cow" in WORKLOADS:
-        why = ("vLLM's code, because kvpool's paths do not serve a MambaManager group in "
-               "mamba_cache_mode 'align'")
-        expected["mamba-cow"] = [("FullAttentionSpec", "FullAttentionManager", why),
-                                 ("MambaSpec", "MambaManager", why)]
+        steady = ("kvpool's compiled paths for a running request's steps that change none of "
+                  "its state tables; vLLM's code for its other steps (mamba_cache_mode 'align')")
+        expected["mamba-cow"] = [("FullAttentionSpec", "FullAttentionManager", compiled + lookup),
+                                 ("MambaSpec", "MambaManager", steady + lookup)]
     if "full+ring" in WORKLOADS:
         expected["full+ring"] = [
             ("FullAttentionSpec", "FullAttentionManager", compiled),
@@ -727,3 +759,42 @@ def test_a_broken_manager_is_caught() -> None:
     assert diff is not None, "a manager that skips caching went unnoticed"
     good, _ = manager_run(manager_class, w)
     assert first_difference(expected.trace, good.trace) is None
+
+
+def test_align_steady_step_counts_below_zero() -> None:
+    """A running request whose Mamba "align" table holds more blocks than
+    its next step needs (its drafts rejected after a state block was added)
+    makes vLLM's predictor count below zero for it; the step's total then
+    fits a pool short by one block, and vLLM allocates. kvpool's steady
+    step, done in C, must count the same (a count floored at zero refuses
+    the step: returns None)."""
+    if not LATE_DRIVER:
+        pytest.skip("Mamba align workloads: the 0.30 driver on")
+    manager_class = kvpool_manager_class()
+    w = WORKLOADS["eagle+mamba-ckpt"]
+    pool_class = vllm_block_pool_class(kvpool_line().name, CORES["compiled"])
+    hasher = vw.request_block_hasher(w)
+    prompt = list(range(1, 63))  # 62 tokens: the draft step crosses the state block
+    results = []
+    for cls, pool in ((KVCacheManager, vllm_block_pool.BlockPool), (manager_class, pool_class)):
+        with manager_in_vllm(cls, pool):
+            mgr = vw.make_manager(w, cls)
+        req = vw.new_request("r", prompt, 8, hasher)
+        steps = []
+        # The prompt, then one token and 3 drafts (a new state block: 5 blocks).
+        for num_new in (len(prompt), 4):
+            steps.append(mgr.allocate_slots(req, num_new, num_lookahead_tokens=3))
+            req.num_computed_tokens += num_new
+            if num_new == 4:
+                req.num_computed_tokens -= 3  # every draft rejected
+            req.append_output_token_ids(7)
+        # One token, no drafts: the state needs 4 blocks; with no block to
+        # spare beyond what the step's count frees, vLLM still allocates.
+        free = mgr.block_pool.get_num_free_blocks()
+        steps.append(mgr.allocate_slots(req, 1, num_lookahead_tokens=3, reserved_blocks=free + 1))
+        results.append([None if s is None else s.get_block_ids() for s in steps])
+        if cls is manager_class:
+            assert mgr._kvpool_plan is not None and mgr._kvpool_plan.counts["fast"] == 1, (
+                mgr._kvpool_plan.counts)
+    assert results[0][2] is not None, results[0]
+    assert results[1] == results[0]
