@@ -45,6 +45,7 @@ cdef class _Group:
     cdef object allocated         # _allocated_block_reqs (a set)
     cdef object last_state        # last_state_block_idx (a dict)
     cdef object retired           # _num_retired_blocks (a dict)
+    cdef bint use_eagle           # the manager's use_eagle (its cacheable tokens)
     # CircularBufferManager (and 0.30/0.31's KpoolTailManager, its empty
     # subclass): one ring block a request, claimed when it has none; no
     # prefix caching, no hits, nothing skipped.
@@ -107,10 +108,14 @@ cdef class ManagerPlan:
     cdef bint caching             # any group caches
     cdef bint has_cross           # a cross-attention group (see _Group.cross)
     cdef bint has_align           # a Mamba group in "align" mode (see _Group.align)
-    # The coordinator's cacheable tokens are at least num_tokens less the
-    # reprefillable ones rounded down to this (the hybrid coordinator's
-    # scheduler block without partial hash hits, else 1; see _align_caches).
-    cdef Py_ssize_t cache_floor
+    # What the hybrid coordinator's cacheable tokens of a group depend on
+    # (see _align_tail_idle): its scheduler block, whether partial hash
+    # hits are on (no rounding then).
+    cdef Py_ssize_t sched_block
+    cdef bint partial_hits
+    # 0.32 on: the partial-tail step's block is cdiv(n, bs) - 1 (0.30,
+    # 0.31: n // bs).
+    cdef bint tail_cdiv
     cdef object status_type       # RequestStatus (its members are singletons)
     # The pool's cache_full_blocks is kvpool's (the 0.33 facade's over the
     # compiled core): without events it is the core's _cache_run33.

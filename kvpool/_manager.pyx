@@ -163,7 +163,7 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
              pool_new_blocks_with_hooks, pool_event_extra_keys=None, common_prefix_blocks=None,
              str eagle_drop_attr="drop_eagle_group_ids", bint eagle_margin_to_hashes=True,
              rswa_cls=None, chunked_cls=None, cross_cls=None, mamba_cls=None,
-             ring_cls=None, kpool_tail_cls=None):
+             ring_cls=None, kpool_tail_cls=None, bint tail_index_cdiv=True):
     """``(plan, None)`` if ``manager`` (a vLLM ``KVCacheManager``, built) is in
     the scope of these paths, else ``(None, reason)``.
 
@@ -205,6 +205,8 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     core's ``_take_new`` and the facade's ``_emit_block_removed_events``;
     ``pool_event_extra_keys``: the facade's ``_event_extra_keys``, whose
     plain-request case (``None`` per block) ``_plain_stored`` relies on.
+    ``tail_index_cdiv`` (0.32 on): an align-mode Mamba group's partial-tail
+    step reads the block ``cdiv(n, bs) - 1`` (0.30, 0.31: ``n // bs``).
     ``common_prefix_blocks`` (0.30, 0.31): the coordinator base class's
     ``get_num_common_prefix_blocks``, done here if the coordinator's class
     has it (the one without prefix caching answers zeros itself).
@@ -277,6 +279,7 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
             # (its lookahead-free count: cdiv(main-model tokens, bs) + nsb)
             g.nsb = mgr.num_speculative_blocks
             g.extra_tokens = 0
+            g.use_eagle = bool(mgr.use_eagle)
             alignment = getattr(mgr.kv_cache_spec, "prefill_checkpoint_alignment", None)
             if mgr.has_prefill_checkpoint_blocks and alignment is not None and not (
                     isinstance(alignment, int) and alignment > 0):
@@ -316,10 +319,12 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     p.caching = any((<_Group> x).caching for x in groups)
     p.has_cross = any((<_Group> x).cross for x in groups)
     p.has_align = any((<_Group> x).align for x in groups)
-    p.cache_floor = 1
-    if type(coordinator) is hybrid_cls and not getattr(coordinator, "enable_partial_hash_hits", False):
-        p.cache_floor = coordinator.scheduler_block_size
-        if p.cache_floor <= 0:
+    p.tail_cdiv = tail_index_cdiv
+    p.partial_hits = bool(getattr(coordinator, "enable_partial_hash_hits", False))
+    p.sched_block = 1
+    if type(coordinator) is hybrid_cls and p.has_align:
+        p.sched_block = coordinator.scheduler_block_size
+        if p.sched_block <= 0:
             return None, "a scheduler block size that is not positive"
     p.pool = pool
     p.pool_core = (
@@ -1028,24 +1033,45 @@ cdef bint _align_tail_idle(ManagerPlan p, _Group g, object request, object rid,
                            Py_ssize_t num_tokens) except -1:
     # Whether an align-mode Mamba group's partial-tail step would do nothing
     # when the coordinator caches ``num_tokens``: no checkpoint is pending
-    # (its branch re-keys or evicts the checkpoint block), and the group's
-    # cacheable tokens -- at least num_tokens less the reprefillable ones,
-    # rounded down to cache_floor, whatever the release, EAGLE or not -- are
-    # past the prompt, where neither the prompt's tail (a position within
-    # the prompt) nor a shared-prefix boundary (also within it) can be.
-    # Its base part is _cache's full-block test, as any group's.
-    cdef Py_ssize_t least, prompt
+    # (its branch re-keys or evicts the checkpoint block), and for the
+    # group's cacheable tokens n (the coordinator's arithmetic, below) its
+    # prompt-tail branch returns before any change: n is none, or past the
+    # prompt (the prompt's tail and a shared-prefix boundary are within
+    # it), or the block it would key is beyond the table or null (a state
+    # already freed: a decode step's usual case). Its base part is _cache's
+    # full-block test, as any group's.
+    cdef Py_ssize_t n, fin, prompt, b, s = p.sched_block
+    cdef PyObject *entry
     if PyDict_Contains(g.ckpts, rid):
         return False
-    if num_tokens <= 0:
+    if p.hybrid:
+        # (get_num_cacheable_tokens; 0.30, 0.31 inline it alike)
+        n = num_tokens if p.partial_hits else _floordiv(num_tokens, s) * s
+        if g.use_eagle and n > 0:
+            fin = num_tokens - p.reprefillable
+            if fin < 0:
+                fin = 0
+            n = (fin if p.partial_hits else _floordiv(fin, s) * s) + g.block_size
+            if fin < n:
+                n = fin
+    else:
+        n = num_tokens - p.reprefillable
+    if n <= 0:
         return True
-    least = num_tokens - p.reprefillable if p.reprefillable > 0 else num_tokens
-    if least < 0:
-        least = 0
-    least = least // p.cache_floor * p.cache_floor
     if not _count(request.num_prompt_tokens, &prompt):
         return False
-    return least > prompt
+    if n > prompt:
+        return True
+    b = _cdiv(n, g.block_size) - 1 if p.tail_cdiv else n // g.block_size
+    entry = PyDict_GetItemWithError(g.rtb, rid)
+    if entry == NULL:
+        if PyErr_Occurred():
+            return -1
+        return False  # (vLLM's code would make the entry)
+    if not PyList_CheckExact(<object> entry):
+        return False
+    return b >= PyList_GET_SIZE(<object> entry) or (
+        <object> PyList_GET_ITEM(<object> entry, b) is p.null_block)
 
 
 cdef int _cache_in_vllm(ManagerPlan p, object request, Py_ssize_t num_tokens) except -1:

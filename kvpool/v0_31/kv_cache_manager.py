@@ -22,3 +22,4 @@ class KVCacheManager(_v0_32.KVCacheManager):
     #: The coordinator method that get_num_common_prefix_blocks does in C.
     _kvpool_common_prefix_blocks = _coordinator.KVCacheCoordinator.get_num_common_prefix_blocks
     _kvpool_eagle_margin_to_hashes = False
+    _kvpool_tail_index_cdiv = False

@@ -134,6 +134,9 @@ class KVCacheManager(_vllm.KVCacheManager):
     #: 0.32 on: the hybrid lookup's EAGLE margin reaches at most the hashed
     #: tokens (0.30, 0.31: the lookup's bound).
     _kvpool_eagle_margin_to_hashes = True
+    #: 0.32 on: an align-mode Mamba group's partial-tail step reads the block
+    #: cdiv(n, block_size) - 1 (0.30, 0.31: n // block_size).
+    _kvpool_tail_index_cdiv = True
 
     @functools.wraps(_vllm.KVCacheManager.__init__)  # its signature, for callers that read it
     def __init__(self, *args, **kwargs) -> None:
@@ -168,6 +171,7 @@ class KVCacheManager(_vllm.KVCacheManager):
             common_prefix_blocks=type(self)._kvpool_common_prefix_blocks,
             eagle_drop_attr=self._kvpool_eagle_drop_attr,
             eagle_margin_to_hashes=self._kvpool_eagle_margin_to_hashes,
+            tail_index_cdiv=self._kvpool_tail_index_cdiv,
         )
         self._kvpool_plan = plan
         #: ``None`` when the compiled paths serve this manager, else why not.
