@@ -143,6 +143,16 @@ if hasattr(vw.FULL, "spec_tokens"):  # the 0.26+ driver: speculative decoding
         name="full attention + 3 Mamba groups (Qwen3-Next's layout), no prefix caching",
         groups=(vw.Group("full", 16), mamba, mamba, mamba), enable_caching=False,
     )
+    # ... and with prefix caching on: mamba_cache_mode "align", a state kept
+    # at each 64-token block boundary, hits down to the 16-token hash block
+    # (partial hits copied on write), the scheduler's chunks split at the
+    # state's boundaries (the driver calls vLLM's own split).
+    align = vw.Group("mamba", 64)
+    if hasattr(align, "mamba_mode"):
+        WORKLOADS["mamba-align"] = vw.FULL.scaled(
+            name="full attention + 3 Mamba groups (Qwen3-Next's layout), mamba_cache_mode align",
+            groups=(vw.Group("full", 16), align, align, align), metrics_sample_rate=None,
+        )
 if getattr(vw, "HASH_LOOKAHEAD", False):
     # 0.33 on: EAGLE as the engine runs it by default, with lookahead block
     # hashes (no dropped block; each BlockStored carries its lookahead token).
