@@ -36,6 +36,7 @@ def plan_for(
     mamba_cls: type | None = None,
     ring_cls: type | None = None,
     kpool_tail_cls: type | None = None,
+    tail_index_cdiv: bool = True,
 ) -> tuple[ManagerPlan, None] | tuple[None, str]: ...
 def refresh(self: Any) -> None: ...
 def allocate_slots(
