@@ -377,16 +377,18 @@ def _align_tables(managers: list) -> tuple:
             return tuple(ids(v) for v in value)
         return getattr(value, "block_id", value)
 
+    def table(m: Any, name: str) -> tuple:
+        # (a table the release's manager does not keep: empty)
+        value = getattr(m, name, {})
+        if isinstance(value, dict):
+            return tuple(sorted((k, ids(v)) for k, v in value.items()))
+        return tuple(sorted(value))
+
     return tuple(
-        (
-            tuple(sorted(m._checkpoints.items())),
-            tuple(sorted(m._allocated_block_reqs)),
-            tuple(sorted(m.last_state_block_idx.items())),
-            tuple(sorted(m._num_retired_blocks.items())),
-            tuple(sorted((k, ids(v)) for k, v in m._partial_hit_reqs.items())),
-            tuple(sorted((k, ids(v)) for k, v in m._producer_partial_tail_reqs.items())),
-            tuple(sorted(m.num_cached_block.items())),
-        )
+        tuple(table(m, name) for name in (
+            "_checkpoints", "_allocated_block_reqs", "last_state_block_idx",
+            "_num_retired_blocks", "_partial_hit_reqs", "_producer_partial_tail_reqs",
+            "num_cached_block"))
         for m in managers
     )
 
