@@ -666,6 +666,17 @@ cdef inline object _req_blocks(_Group g, object rid):
     return PyObject_GetItem(g.rtb, rid)
 
 
+cdef inline object _exact_table(_Group g, object rid):
+    # The group's table of the request when the request has one and it is
+    # an exact list; None otherwise (absent, or something vLLM's own code
+    # should handle). Reads only: a defaultdict adds no entry here.
+    # (A lookup error propagates: Cython checks PyDict_GetItemWithError.)
+    cdef PyObject *entry = PyDict_GetItemWithError(g.rtb, rid)
+    if entry == NULL or not PyList_CheckExact(<object> entry):
+        return None
+    return <object> entry
+
+
 cdef Py_ssize_t _free_blocks(ManagerPlan p) except? -1:
     if p.pool_core is not None:
         return (<PoolCore> p.pool_core).st.num_free
@@ -1041,7 +1052,6 @@ cdef bint _align_tail_idle(ManagerPlan p, _Group g, object request, object rid,
     # already freed: a decode step's usual case). Its base part is _cache's
     # full-block test, as any group's.
     cdef Py_ssize_t n, fin, prompt, b, s = p.sched_block
-    cdef PyObject *entry
     if PyDict_Contains(g.ckpts, rid):
         return False
     if p.hybrid:
@@ -1063,15 +1073,10 @@ cdef bint _align_tail_idle(ManagerPlan p, _Group g, object request, object rid,
     if n > prompt:
         return True
     b = _cdiv(n, g.block_size) - 1 if p.tail_cdiv else n // g.block_size
-    entry = PyDict_GetItemWithError(g.rtb, rid)
-    if entry == NULL:
-        if PyErr_Occurred():
-            return -1
-        return False  # (vLLM's code would make the entry)
-    if not PyList_CheckExact(<object> entry):
-        return False
-    return b >= PyList_GET_SIZE(<object> entry) or (
-        <object> PyList_GET_ITEM(<object> entry, b) is p.null_block)
+    table = _exact_table(g, rid)
+    if table is None:
+        return False  # (vLLM's code would make the entry, or read it)
+    return b >= PyList_GET_SIZE(table) or <object> PyList_GET_ITEM(table, b) is p.null_block
 
 
 cdef int _cache_in_vllm(ManagerPlan p, object request, Py_ssize_t num_tokens) except -1:
@@ -1277,7 +1282,6 @@ cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
     # nothing and counts no new block, and allocate_new_blocks takes its
     # fast path (the request is in _allocated_block_reqs already).
     cdef _Group g
-    cdef PyObject *entry
     cdef int member
     if new_tokens > p.hash_block_size:
         return False
@@ -1287,14 +1291,9 @@ cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
         member = PySet_Contains(g.allocated, rid)
         if member != 1 or PyDict_Contains(g.ckpts, rid):
             return False
-        entry = PyDict_GetItemWithError(g.rtb, rid)
-        if entry == NULL:
-            if PyErr_Occurred():
-                return -1
-            return False
-        if not PyList_CheckExact(<object> entry):
-            return False
-        if _cdiv(main_tokens, g.block_size) + g.nsb > PyList_GET_SIZE(<object> entry):
+        table = _exact_table(g, rid)
+        if table is None or (
+                _cdiv(main_tokens, g.block_size) + g.nsb > PyList_GET_SIZE(table)):
             return False
     return True
 
