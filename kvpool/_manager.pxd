@@ -108,6 +108,7 @@ cdef class ManagerPlan:
     cdef bint caching             # any group caches
     cdef bint has_cross           # a cross-attention group (see _Group.cross)
     cdef bint has_align           # a Mamba group in "align" mode (see _Group.align)
+    cdef bint mamba_hits          # a Mamba group caching outside "align" (0.30, 0.31: its hits are vLLM's)
     # What the hybrid coordinator's cacheable tokens of a group depend on
     # (see _align_tail_idle): its scheduler block, whether partial hash
     # hits are on (no rounding then).

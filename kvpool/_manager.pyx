@@ -174,7 +174,8 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     ``CrossAttentionManager`` (``cross_cls``, overriding only what
     ``_CROSS_OWN`` names, prefix caching off as vLLM requires) or
     ``MambaManager`` (``mamba_cls``, overriding only what ``_MAMBA_OWN``
-    names, in ``mamba_cache_mode`` "none": prefix caching off) or
+    names, in each ``mamba_cache_mode``: "none", 0.30/0.31's "all" -- the
+    same code, with prefix caching on -- and "align") or
     ``CircularBufferManager`` (``ring_cls``, overriding only what
     ``_RING_OWN`` names; and 0.30/0.31's ``KpoolTailManager``,
     ``kpool_tail_cls``, an empty subclass of it) --
@@ -235,10 +236,8 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
             return None, f"a {cls.__name__} group with prefix caching"
         if cls is mamba_cls:
             mode = getattr(mgr, "mamba_cache_mode", None)
-            if mode not in ("none", "align"):
+            if mode not in ("none", "align", "all"):
                 return None, f"a {cls.__name__} group in mamba_cache_mode {mode!r}"
-            if mode == "none" and mgr.enable_caching:
-                return None, f"a {cls.__name__} group with prefix caching"
         if mgr.block_pool is not pool:
             return None, "groups over different pools"
         if getattr(mgr, "dcp_world_size", 1) != 1 or getattr(mgr, "pcp_world_size", 1) != 1:
@@ -319,6 +318,8 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     p.caching = any((<_Group> x).caching for x in groups)
     p.has_cross = any((<_Group> x).cross for x in groups)
     p.has_align = any((<_Group> x).align for x in groups)
+    p.mamba_hits = any((<_Group> x).mamba and not (<_Group> x).align and (<_Group> x).caching
+                       for x in groups)
     p.tail_cdiv = tail_index_cdiv
     p.partial_hits = bool(getattr(coordinator, "enable_partial_hash_hits", False))
     p.sched_block = 1
@@ -394,15 +395,20 @@ cdef frozenset _CHUNKED_OWN = frozenset({
 cdef frozenset _CROSS_OWN = frozenset({
     "add_local_computed_blocks", "allocate_external_computed_blocks", "cache_blocks",
     "find_longest_cache_hit", "get_num_common_prefix_blocks"})
-# ... and MambaManager, over the base class, in mamba_cache_mode "none"
-# (plan_for's condition; prefix caching off): its skipped tokens (n - 1) are
-# done here (_skipped_tokens), and the speculative blocks its
-# get_num_blocks_to_allocate and allocate_new_blocks add (_group_new_blocks);
-# each of its other overrides is either the base class's path outside the
-# "align" mode (_remove_blocks_in_range, remove_skipped_blocks,
-# pop_blocks_for_free: vLLM's code, called as vLLM calls it), or not called
-# with prefix caching off (its lookup, cache_blocks, partial tails), or
-# vLLM's own (new_step_starts, the common-prefix count of 0.30, 0.31).
+# ... and MambaManager, over the base class. Outside the "align" mode
+# ("none", and 0.30/0.31's "all": one code, prefix caching off or on) its
+# skipped tokens (n - 1) are done here (_skipped_tokens), and the
+# speculative blocks its get_num_blocks_to_allocate and allocate_new_blocks
+# add (_group_new_blocks); each of its other overrides is either the base
+# class's path outside "align" (_remove_blocks_in_range,
+# remove_skipped_blocks, pop_blocks_for_free: vLLM's code, called as vLLM
+# calls it), or vLLM's own: its lookup (_plan_lookup leaves Mamba to
+# vLLM's), a call adopting its hit (its count refuses a hit cached this
+# step: _allocate hands the call to vLLM's code), its cache_blocks (the
+# base class's and its record of the step's cached hashes: called through
+# the coordinator's whenever it has a block to cache, see _cache),
+# new_step_starts, the common-prefix count of 0.30, 0.31. Its "align" mode:
+# _align_steady and what it names.
 cdef frozenset _MAMBA_OWN = frozenset({
     "__init__", "has_positionally_stable_blocks", "find_longest_cache_hit",
     "reachable_block_mask", "_remove_blocks_in_range", "remove_skipped_blocks",
@@ -1350,7 +1356,8 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         total = p.max_model_len
     main_tokens = total + new_tokens
     if p.has_align and (adopts or full_sequence_must_fit
-                        or not _align_steady(p, rid, main_tokens, new_tokens)):
+                        or not _align_steady(p, rid, main_tokens, new_tokens)) or (
+            p.mamba_hits and adopt is not None):
         p.n_base += 1
         return _VLLM
     # From here on this is vLLM's allocate_slots, in its order.

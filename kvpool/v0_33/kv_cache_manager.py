@@ -101,6 +101,12 @@ def group_lines(manager) -> list[str]:
             lines.append(f"{what}: kvpool's compiled paths for a running request's steps that "
                          f"change none of its state tables; vLLM's code for its other steps "
                          f"(mamba_cache_mode 'align'){lookup}")
+        elif reason is None and getattr(single, "mamba_cache_mode", None) is not None \
+                and single.enable_caching:
+            # (0.30/0.31's mode "all", or "none" with caching on)
+            lines.append(f"{what}: kvpool's compiled paths; vLLM's code for an admission "
+                         f"with a prefix-cache hit (mamba_cache_mode "
+                         f"{single.mamba_cache_mode!r}){lookup}")
         elif reason is None:
             lines.append(f"{what}: kvpool's compiled paths{lookup}")
         else:

@@ -33,6 +33,7 @@ import dataclasses
 import importlib
 import logging
 import os
+import typing
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -282,6 +283,40 @@ if LATE_DRIVER and {"num_prefill_checkpoint_blocks", "prefill_checkpoint_alignme
         **eagle,
     )
 
+def _mamba_cache_modes() -> tuple[str, ...]:
+    try:
+        from vllm.config.cache import MambaCacheMode
+    except ImportError:  # (before 0.2x: no such type)
+        return ()
+    return typing.get_args(MambaCacheMode)
+
+
+if LATE_DRIVER and "all" in _mamba_cache_modes():
+    # (0.30, 0.31: the deprecated mode "all", prefix caching on: each Mamba
+    # block of the attention block size is a cached state; the manager's
+    # code is its "none" mode's, with caching) Hits on shared prefixes,
+    # eviction, preemption; with MTP, the speculative blocks too.
+    WORKLOADS["mamba-all"] = vw.FULL.scaled(
+        name="full attention + Mamba in mode 'all': every block's state cached",
+        groups=(vw.Group("full", 16), vw.Group("mamba", 16, mamba_mode="all")),
+        num_requests=_n(250), num_prefixes=6, arrivals_per_step=2, repeat_every=3,
+        num_blocks=NUM_BLOCKS // 2, token_budget=256,
+    )
+    WORKLOADS["mtp+mamba-all"] = WORKLOADS["mamba-all"].scaled(
+        name="MTP (3 drafts): full attention + Mamba in mode 'all' with speculative blocks",
+        groups=(vw.Group("full", 16),
+                vw.Group("mamba", 16, mamba_mode="all", speculative_blocks=3)),
+        num_requests=_n(150), **eagle,
+    )
+    # ... a Mamba model alone (vLLM's unitary coordinator): the group's own
+    # count decides when a block is cached.
+    WORKLOADS["mamba-only-all"] = WORKLOADS["mamba-all"].scaled(
+        name="Mamba alone in mode 'all'",
+        groups=(vw.Group("mamba", 16, mamba_mode="all"),), num_requests=_n(150),
+        # (its blocks freed as it goes: a small pool for evictions)
+        num_blocks=64,
+    )
+
 
 def _cores() -> dict[str, ModuleType]:
     cores = {"pure-python": importlib.import_module("kvpool._core_py")}
@@ -348,7 +383,9 @@ def reference_run(key: str, w: vw.Workload) -> vw.Run:
     assert r.busy_resets_refused > 0
     assert any(e[0] == "evict" for e in r.trace)
     if w.enable_caching:
-        assert r.preemptions > 0
+        # (a Mamba model alone: a running request frees a block for each
+        # it takes, and admissions wait for room, so nothing preempts it)
+        assert r.preemptions > 0 or all(g.kind == "mamba" for g in w.groups)
         assert r.prefix_hit_tokens > 0
         assert any(e[0] == "reset" and e[2] for e in r.trace)
     if w.enable_events:
@@ -555,6 +592,14 @@ def test_kvpool_manager_against_vllm(workload: vw.Workload, request: pytest.Fixt
                 # vLLM's code, and so is every lookup.
                 assert counts["adopt"] == 0 and counts["lookups"] == 0, counts
                 assert counts["cache_calls"] > 0, counts
+            elif any(g.kind == "mamba" for g in workload.groups) and workload.enable_caching:
+                # ... in 0.30/0.31's mode "all": the steps of running
+                # requests in C, blocks cached through vLLM's coordinator;
+                # an admission with a hit (there are hits) vLLM's code, and
+                # so is every lookup.
+                assert got.prefix_hit_tokens > 0, got
+                assert counts["adopt"] == 0 and counts["lookups"] == 0, counts
+                assert counts["cache_calls"] > 0 and counts["base"] > 0, counts
             elif workload.enable_caching:
                 # Prefix-cache hits adopted, blocks cached (by the pool
                 # directly, or through vLLM's coordinator).
@@ -721,6 +766,11 @@ def test_each_group_says_what_serves_it(caplog: pytest.LogCaptureFixture) -> Non
     if "full+mamba" in WORKLOADS:
         expected["full+mamba"] = [("FullAttentionSpec", "FullAttentionManager", compiled),
                                   ("MambaSpec", "MambaManager", compiled)]
+    if "mamba-all" in WORKLOADS:
+        hits = ("kvpool's compiled paths; vLLM's code for an admission with a prefix-cache hit "
+                "(mamba_cache_mode 'all')")
+        expected["mamba-all"] = [("FullAttentionSpec", "FullAttentionManager", compiled + lookup),
+                                 ("MambaSpec", "MambaManager", hits + lookup)]
     with pytest.MonkeyPatch.context() as patch, caplog.at_level(logging.INFO, "kvpool.vllm"):
         patch.setattr(module, "_logged", set())
         for key, groups in expected.items():
