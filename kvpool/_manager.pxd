@@ -117,6 +117,7 @@ cdef class ManagerPlan:
     # 0.32 on: the partial-tail step's block is cdiv(n, bs) - 1 (0.30,
     # 0.31: n // bs).
     cdef bint tail_cdiv
+    cdef bint tail_eagle_limit    # 0.32 on: a full-attention prompt tail below prompt - 1 without EAGLE
     cdef object status_type       # RequestStatus (its members are singletons)
     # The pool's cache_full_blocks is kvpool's (the 0.33 facade's over the
     # compiled core): without events it is the core's _cache_run33.

@@ -37,6 +37,7 @@ def plan_for(
     ring_cls: type | None = None,
     kpool_tail_cls: type | None = None,
     tail_index_cdiv: bool = True,
+    tail_eagle_limit: bool = True,
 ) -> tuple[ManagerPlan, None] | tuple[None, str]: ...
 def refresh(self: Any) -> None: ...
 def allocate_slots(

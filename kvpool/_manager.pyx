@@ -163,7 +163,8 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
              pool_new_blocks_with_hooks, pool_event_extra_keys=None, common_prefix_blocks=None,
              str eagle_drop_attr="drop_eagle_group_ids", bint eagle_margin_to_hashes=True,
              rswa_cls=None, chunked_cls=None, cross_cls=None, mamba_cls=None,
-             ring_cls=None, kpool_tail_cls=None, bint tail_index_cdiv=True):
+             ring_cls=None, kpool_tail_cls=None, bint tail_index_cdiv=True,
+             bint tail_eagle_limit=True):
     """``(plan, None)`` if ``manager`` (a vLLM ``KVCacheManager``, built) is in
     the scope of these paths, else ``(None, reason)``.
 
@@ -208,6 +209,9 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     plain-request case (``None`` per block) ``_plain_stored`` relies on.
     ``tail_index_cdiv`` (0.32 on): an align-mode Mamba group's partial-tail
     step reads the block ``cdiv(n, bs) - 1`` (0.30, 0.31: ``n // bs``).
+    ``tail_eagle_limit`` (0.32 on): a full-attention group's prompt-tail
+    boundary is below ``num_prompt_tokens - 1`` without EAGLE (0.30, 0.31:
+    below ``num_prompt_tokens``, with EAGLE or not).
     ``common_prefix_blocks`` (0.30, 0.31): the coordinator base class's
     ``get_num_common_prefix_blocks``, done here if the coordinator's class
     has it (the one without prefix caching answers zeros itself).
@@ -301,6 +305,8 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
             and cls.reachable_block_mask.__func__ is base_single.reachable_block_mask.__func__
         )
         g.partial_tail = full_like and g.block_size != pool.hash_block_size
+        if g.partial_tail:
+            g.use_eagle = bool(mgr.use_eagle)  # (its prompt-tail boundary)
         g.record_ids = bool(mgr._record_new_block_ids)
         # estimate_cached_tokens counts its blocks: a prefix-cacheable spec
         # that is not cross-attention or encoder-only.
@@ -321,6 +327,7 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     p.mamba_hits = any((<_Group> x).mamba and not (<_Group> x).align and (<_Group> x).caching
                        for x in groups)
     p.tail_cdiv = tail_index_cdiv
+    p.tail_eagle_limit = tail_eagle_limit
     p.partial_hits = bool(getattr(coordinator, "enable_partial_hash_hits", False))
     p.sched_block = 1
     if type(coordinator) is hybrid_cls and p.has_align:
@@ -922,7 +929,7 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
     for g in p.groups:
         if not g.caches:
             continue
-        if g.partial_tail or (g.align and not _align_tail_idle(p, g, request, rid, num_tokens)):
+        if g.align and not _align_tail_idle(p, g, request, rid, num_tokens):
             return _cache_in_vllm(p, request, num_tokens)
         full = _floordiv(cacheable, g.block_size)
         entry = PyDict_GetItemWithError(g.ncb, rid)
@@ -931,9 +938,14 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
         elif not _count(<object> entry, &cached):
             return _cache_in_vllm(p, request, num_tokens)  # not an int: vLLM's code sees it
         if cached < full:
-            if not g.direct_cache or p.hybrid or todo is not None:
+            # (a partial-tail group's full blocks first: caching them may
+            # promote its tail block's partial key, which its tail step then
+            # registers again)
+            if not g.direct_cache or p.hybrid or todo is not None or g.partial_tail:
                 return _cache_in_vllm(p, request, num_tokens)
             todo, todo_cached, todo_full = g, cached, full
+        elif g.partial_tail and not _full_tail_idle(p, g, request, rid):
+            return _cache_in_vllm(p, request, num_tokens)
     if todo is None:
         p.n_cache_skips += 1
         return 0
@@ -1044,6 +1056,53 @@ cdef bint _nothing_to_cache(ManagerPlan p, object rid, Py_ssize_t num_tokens) ex
         if cached < _floordiv(num_tokens, g.block_size):
             return False
     return True
+
+
+cdef bint _full_tail_idle(ManagerPlan p, _Group g, object request, object rid) except -1:
+    # Whether a full-attention group's prompt-tail step (FullAttentionManager
+    # ._cache_partial_tail_block, its block larger than the hash block)
+    # would do nothing, whatever tokens the coordinator hands it: its
+    # boundary (the prompt's last hash boundary: below num_prompt_tokens - 1
+    # without EAGLE from 0.32 on, below num_prompt_tokens otherwise; 0.33
+    # caps it at the hashed tokens, which here sends the call to vLLM) is
+    # none, or a block's end, or in a block beyond the table, or in a null
+    # block; or the pool's cache_partial_block finds the key on that very
+    # block already ("already cached": no key, no event). The last is read
+    # off the compiled core's map: its first block under the key is this
+    # block (another block first: vLLM's code decides). Anything unusual --
+    # no table (vLLM's defaultdict would add one), hashes not an exact list
+    # of bytes -- is not idle. Called only when the group has no full block
+    # to cache (a full block cached first may drop the partial key).
+    cdef Py_ssize_t prompt, limit, nh, boundary, idx, H = p.hash_block_size
+    cdef PyObject *hit
+    if not _count(request.num_prompt_tokens, &prompt):
+        return False
+    limit = prompt if (g.use_eagle or not p.tail_eagle_limit) else prompt - 1
+    nh = _floordiv(limit, H)
+    boundary = nh * H
+    if boundary <= 0:
+        return boundary == 0  # (below: vLLM's code, on a prompt of no tokens)
+    if boundary % g.block_size == 0:
+        return True
+    table = _exact_table(g, rid)
+    if table is None:
+        return False
+    idx = boundary // g.block_size
+    if idx >= PyList_GET_SIZE(table):
+        return True
+    block = <object> PyList_GET_ITEM(table, idx)
+    if block is p.null_block:
+        return True
+    if not p.map_direct:
+        return False
+    hashes = request.block_hashes
+    if not PyList_CheckExact(hashes) or nh > PyList_GET_SIZE(hashes):
+        return False
+    key = <object> PyList_GET_ITEM(hashes, nh - 1)
+    if not PyBytes_Check(key) or not (0 <= g.group_id <= 0xFFFFFFFF):
+        return False
+    hit = (<PoolCore> p.pool_core)._map.get_hg_ptr(<PyObject *> key, <uint32_t> g.group_id)
+    return hit == <PyObject *> block
 
 
 cdef bint _align_tail_idle(ManagerPlan p, _Group g, object request, object rid,

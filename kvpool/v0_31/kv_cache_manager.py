@@ -1,7 +1,9 @@
 """kvpool's ``KVCacheManager`` for vLLM 0.31: the 0.32 line's, but
 ``allocate_slots`` has no ``skip_zeroing_group_ids``, the hybrid lookup's
 EAGLE margin reaches at most the lookup's bound (0.32: the hashed tokens),
-and ``get_num_common_prefix_blocks`` counts the blocks every request holds
+a full-attention group's prompt tail ends below ``num_prompt_tokens`` (0.32:
+below ``num_prompt_tokens - 1`` without EAGLE), and
+``get_num_common_prefix_blocks`` counts the blocks every request holds
 (0.32 answers zeros): the scheduler calls it once a step. Imports vLLM."""
 
 from __future__ import annotations
@@ -23,3 +25,4 @@ class KVCacheManager(_v0_32.KVCacheManager):
     _kvpool_common_prefix_blocks = _coordinator.KVCacheCoordinator.get_num_common_prefix_blocks
     _kvpool_eagle_margin_to_hashes = False
     _kvpool_tail_index_cdiv = False
+    _kvpool_tail_eagle_limit = False

@@ -143,6 +143,9 @@ class KVCacheManager(_vllm.KVCacheManager):
     #: 0.32 on: an align-mode Mamba group's partial-tail step reads the block
     #: cdiv(n, block_size) - 1 (0.30, 0.31: n // block_size).
     _kvpool_tail_index_cdiv = True
+    #: 0.32 on: a full-attention group's prompt-tail boundary is below
+    #: num_prompt_tokens - 1 without EAGLE (0.30, 0.31: num_prompt_tokens).
+    _kvpool_tail_eagle_limit = True
 
     @functools.wraps(_vllm.KVCacheManager.__init__)  # its signature, for callers that read it
     def __init__(self, *args, **kwargs) -> None:
@@ -178,6 +181,7 @@ class KVCacheManager(_vllm.KVCacheManager):
             eagle_drop_attr=self._kvpool_eagle_drop_attr,
             eagle_margin_to_hashes=self._kvpool_eagle_margin_to_hashes,
             tail_index_cdiv=self._kvpool_tail_index_cdiv,
+            tail_eagle_limit=self._kvpool_tail_eagle_limit,
         )
         self._kvpool_plan = plan
         #: ``None`` when the compiled paths serve this manager, else why not.

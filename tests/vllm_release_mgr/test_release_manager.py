@@ -241,6 +241,15 @@ if LATE_DRIVER:
         ):
             WORKLOADS[key] = base.scaled(name=name, num_requests=_n(n), num_blocks=NUM_BLOCKS,
                                          hash_lookahead=True, **changes)
+    # Full attention and a sliding window, each of four hash blocks, fed
+    # in chunks of one hash block: a prompt's tail registered as a partial
+    # key of its block on a step that fills no block (then checked in C on
+    # every later step).
+    WORKLOADS["full64+sliding64-small-chunks"] = vw.HYBRID.scaled(
+        name="full + sliding window of 64-token blocks, 16-token hash blocks, small chunks",
+        groups=(vw.Group("full", 64), vw.Group("sliding", 64, sliding_window=128)),
+        hash_block_size=16, token_budget=16, num_requests=_n(400), num_prefixes=6,
+        arrivals_per_step=2, num_blocks=NUM_BLOCKS // 16)
     WORKLOADS["mamba-cow"] = vw.FULL.scaled(
         name="full attention + Mamba align: partial hits, copy-on-write",
         groups=(vw.Group("full", 64), vw.Group("mamba", 64)),
