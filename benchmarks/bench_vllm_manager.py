@@ -52,6 +52,7 @@ import pstats
 import statistics
 import sys
 import time
+import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -152,6 +153,18 @@ if hasattr(vw.FULL, "spec_tokens"):  # the 0.26+ driver: speculative decoding
         WORKLOADS["mamba-align"] = vw.FULL.scaled(
             name="full attention + 3 Mamba groups (Qwen3-Next's layout), mamba_cache_mode align",
             groups=(vw.Group("full", 16), align, align, align), metrics_sample_rate=None,
+        )
+    # ... and in 0.30/0.31's deprecated mode "all": every 16-token block's
+    # state cached (the "none" code with prefix caching on).
+    try:
+        from vllm.config.cache import MambaCacheMode
+    except ImportError:
+        MambaCacheMode = None
+    if "all" in typing.get_args(MambaCacheMode):
+        every = vw.Group("mamba", 16, mamba_mode="all")
+        WORKLOADS["mamba-all"] = vw.FULL.scaled(
+            name="full attention + 3 Mamba groups (Qwen3-Next's layout), mamba_cache_mode all",
+            groups=(vw.Group("full", 16), every, every, every),
         )
 if getattr(vw, "HASH_LOOKAHEAD", False):
     # 0.33 on: EAGLE as the engine runs it by default, with lookahead block
