@@ -1064,7 +1064,8 @@ cdef bint _full_tail_idle(ManagerPlan p, _Group g, object request, object rid) e
     # would do nothing, whatever tokens the coordinator hands it: its
     # boundary (the prompt's last hash boundary: below num_prompt_tokens - 1
     # without EAGLE from 0.32 on, below num_prompt_tokens otherwise; 0.33
-    # caps it at the hashed tokens, which here sends the call to vLLM) is
+    # caps it at the hashed tokens: a boundary past them, checked first,
+    # sends the call to vLLM) is
     # none, or a block's end, or in a block beyond the table, or in a null
     # block; or the pool's cache_partial_block finds the key on that very
     # block already ("already cached": no key, no event). The last is read
@@ -1079,9 +1080,13 @@ cdef bint _full_tail_idle(ManagerPlan p, _Group g, object request, object rid) e
         return False
     limit = prompt if (g.use_eagle or not p.tail_eagle_limit) else prompt - 1
     nh = _floordiv(limit, H)
+    if nh <= 0:
+        return nh == 0  # (below: vLLM's code, on a prompt of no tokens)
+    # (first: past the hashed tokens 0.33's boundary is another one)
+    hashes = request.block_hashes
+    if not PyList_CheckExact(hashes) or nh > PyList_GET_SIZE(hashes):
+        return False
     boundary = nh * H
-    if boundary <= 0:
-        return boundary == 0  # (below: vLLM's code, on a prompt of no tokens)
     if boundary % g.block_size == 0:
         return True
     table = _exact_table(g, rid)
@@ -1094,9 +1099,6 @@ cdef bint _full_tail_idle(ManagerPlan p, _Group g, object request, object rid) e
     if block is p.null_block:
         return True
     if not p.map_direct:
-        return False
-    hashes = request.block_hashes
-    if not PyList_CheckExact(hashes) or nh > PyList_GET_SIZE(hashes):
         return False
     key = <object> PyList_GET_ITEM(hashes, nh - 1)
     if not PyBytes_Check(key) or not (0 <= g.group_id <= 0xFFFFFFFF):

@@ -250,6 +250,15 @@ if LATE_DRIVER:
         groups=(vw.Group("full", 64), vw.Group("sliding", 64, sliding_window=128)),
         hash_block_size=16, token_budget=16, num_requests=_n(400), num_prefixes=6,
         arrivals_per_step=2, num_blocks=NUM_BLOCKS // 16)
+    if vw.HASH_LOOKAHEAD:
+        # ... with multi-module MTP and lookahead block hashes (0.33 on): the
+        # request's hashes trail its tokens by 3, and the tail's boundary
+        # stops at them (a boundary past them must go to vLLM's code).
+        WORKLOADS["mtp-lookahead+full64+sliding64-small-chunks"] = WORKLOADS[
+            "full64+sliding64-small-chunks"].scaled(
+            name="multi-module MTP, lookahead block hashes, full + sliding window of "
+                 "64-token blocks, small chunks",
+            hash_lookahead=True, token_budget=32, num_blocks=40, **eagle, multi_module_mtp=True)
     WORKLOADS["mamba-cow"] = vw.FULL.scaled(
         name="full attention + Mamba align: partial hits, copy-on-write",
         groups=(vw.Group("full", 64), vw.Group("mamba", 64)),
