@@ -52,7 +52,6 @@ import pstats
 import statistics
 import sys
 import time
-import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -156,11 +155,7 @@ if hasattr(vw.FULL, "spec_tokens"):  # the 0.26+ driver: speculative decoding
         )
     # ... and in 0.30/0.31's deprecated mode "all": every 16-token block's
     # state cached (the "none" code with prefix caching on).
-    try:
-        from vllm.config.cache import MambaCacheMode
-    except ImportError:
-        MambaCacheMode = None
-    if "all" in typing.get_args(MambaCacheMode):
+    if getattr(vw, "MAMBA_MODE_ALL", False):
         every = vw.Group("mamba", 16, mamba_mode="all")
         WORKLOADS["mamba-all"] = vw.FULL.scaled(
             name="full attention + 3 Mamba groups (Qwen3-Next's layout), mamba_cache_mode all",

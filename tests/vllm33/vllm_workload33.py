@@ -75,6 +75,7 @@ import os
 import random
 import sys
 import time
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -114,6 +115,19 @@ VLLM_LINE = "0.33"
 HASH_LOOKAHEAD = "num_hash_lookahead_tokens" in inspect.signature(
     kv_cache_utils.get_request_block_hasher
 ).parameters
+
+
+def _has_mamba_mode_all() -> bool:
+    try:
+        from vllm.config.cache import MambaCacheMode
+    except ImportError:  # (no such type in this release)
+        return False
+    return "all" in typing.get_args(MambaCacheMode)
+
+
+#: Whether the loaded release has Mamba's ``mamba_cache_mode`` "all" (0.30
+#: and 0.31: deprecated there, removed in 0.32).
+MAMBA_MODE_ALL = _has_mamba_mode_all()
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,6 @@ import dataclasses
 import importlib
 import logging
 import os
-import typing
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -301,15 +300,7 @@ if LATE_DRIVER and {"num_prefill_checkpoint_blocks", "prefill_checkpoint_alignme
         **eagle,
     )
 
-def _mamba_cache_modes() -> tuple[str, ...]:
-    try:
-        from vllm.config.cache import MambaCacheMode
-    except ImportError:  # (before 0.2x: no such type)
-        return ()
-    return typing.get_args(MambaCacheMode)
-
-
-if LATE_DRIVER and "all" in _mamba_cache_modes():
+if LATE_DRIVER and vw.MAMBA_MODE_ALL:
     # (0.30, 0.31: the deprecated mode "all", prefix caching on: each Mamba
     # block of the attention block size is a cached state; the manager's
     # code is its "none" mode's, with caching) Hits on shared prefixes,
