@@ -37,10 +37,13 @@ cdef class _Group:
     cdef bint mamba
     cdef Py_ssize_t extra_tokens  # block_size * num_speculative_blocks; 0 for other classes
     # MambaManager in mamba_cache_mode "align" (prefix caching on): only a
-    # running request's steps that change nothing of its state tables are
-    # done here (see _align_steady); every other step is vLLM's code.
+    # running request's steps that set no checkpoint are done here -- its
+    # table long enough, or one new state block (see _align_steady); every
+    # other step is vLLM's code.
     cdef bint align
     cdef Py_ssize_t nsb           # num_speculative_blocks (align)
+    cdef bint ckpt_blocks         # has_prefill_checkpoint_blocks (align)
+    cdef object null_block        # the manager's _null_block (align: padding)
     cdef object ckpts             # _checkpoints (a dict)
     cdef object allocated         # _allocated_block_reqs (a set)
     cdef object last_state        # last_state_block_idx (a dict)

@@ -281,6 +281,8 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
         if g.align:
             # (its lookahead-free count: cdiv(main-model tokens, bs) + nsb)
             g.nsb = mgr.num_speculative_blocks
+            g.ckpt_blocks = bool(mgr.has_prefill_checkpoint_blocks)
+            g.null_block = mgr._null_block
             g.extra_tokens = 0
             g.use_eagle = bool(mgr.use_eagle)
             alignment = getattr(mgr.kv_cache_spec, "prefill_checkpoint_alignment", None)
@@ -710,17 +712,19 @@ cdef inline Py_ssize_t _skipped_tokens(_Group g, Py_ssize_t n) noexcept:
 
 
 cdef inline Py_ssize_t _group_new_blocks(_Group g, Py_ssize_t have, Py_ssize_t tokens,
-                                         Py_ssize_t enc) noexcept:
+                                         Py_ssize_t main_tokens, Py_ssize_t enc) noexcept:
     # How many blocks the group's allocate_new_blocks takes for a request
     # holding ``have`` (0 or less: none), given the coordinator's ``tokens``:
     # a cross-attention group's are the encoder's, a Mamba group's have its
-    # speculative blocks' added, a ring group claims one block if it has none.
+    # speculative blocks' added, a ring group claims one block if it has none,
+    # an align-mode group counts the main model's tokens (positive: the one
+    # new state block of _align_new_blocks, after its padding).
     if g.ring:
         return 0 if have > 0 else 1
     if g.cross:
         return _cdiv(enc, g.block_size) - have
     if g.align:
-        return 0  # (_align_steady has seen its table long enough)
+        return _cdiv(main_tokens, g.block_size) + g.nsb - have
     return _cdiv(tokens + g.extra_tokens, g.block_size) - have
 
 
@@ -1339,30 +1343,75 @@ cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
                         Py_ssize_t new_tokens) except -1:
     # Whether, for a call adopting nothing (the caller checked: no hit, no
     # external tokens, no full-sequence admission, no partial hit pending),
-    # every align-mode Mamba group's part of allocate_slots changes nothing
-    # of its tables: the request has had its blocks (_allocated_block_reqs),
-    # its last predictor set no checkpoint, and its table already holds
-    # cdiv(main_tokens, bs) + num_speculative_blocks blocks. Then vLLM's
-    # predictor sets no checkpoint either -- its test wants the checkpoint
-    # at least a hash block past the chunk's start and before its end,
-    # impossible for a chunk of no more than a hash block -- so it pops
-    # nothing and counts no new block, and allocate_new_blocks takes its
-    # fast path (the request is in _allocated_block_reqs already).
+    # every align-mode Mamba group's part of allocate_slots is one of the
+    # two done here. The request has had its blocks (_allocated_block_reqs),
+    # its last predictor set no checkpoint, and this step sets none either.
+    # Then its table already holds cdiv(main_tokens, bs) +
+    # num_speculative_blocks blocks (vLLM counts no new block and takes
+    # allocate_new_blocks' fast path), or it is short: vLLM's code counts
+    # one block (its cap, in every release), records the previous state's
+    # index, pads the table with null blocks up to the new state's slot,
+    # moves the speculative blocks the step leaves behind to the end, and
+    # takes one new block -- after the padding and the moves the table is
+    # always one block short (_align_new_blocks).
+    #
+    # The step sets no checkpoint when the group reserves no checkpoint
+    # blocks (vLLM's test reads has_prefill_checkpoint_blocks first), or
+    # when the chunk is no more than a hash block: the test wants the
+    # checkpoint at least a hash block past the chunk's start and before
+    # its end. Its predictor then pops nothing (none was set).
     cdef _Group g
     cdef int member
-    if new_tokens > p.hash_block_size:
-        return False
+    cdef Py_ssize_t have, slot, i
     for g in p.groups:
         if not g.align:
             continue
+        if g.ckpt_blocks and new_tokens > p.hash_block_size:
+            return False
         member = PySet_Contains(g.allocated, rid)
         if member != 1 or PyDict_Contains(g.ckpts, rid):
             return False
         table = _exact_table(g, rid)
-        if table is None or (
-                _cdiv(main_tokens, g.block_size) + g.nsb > PyList_GET_SIZE(table)):
+        if table is None:
             return False
+        have = PyList_GET_SIZE(table)
+        slot = _cdiv(main_tokens, g.block_size) - 1
+        if g.nsb == 0 or slot + 1 + g.nsb <= have:
+            continue
+        # (vLLM asserts each moved block writable: its own, unhashed)
+        if have < g.nsb:
+            return False
+        for i in range(have - g.nsb, have):
+            if i >= slot:
+                break
+            if not p.pool.is_block_writable(<object> PyList_GET_ITEM(table, i)):
+                return False
     return True
+
+
+cdef list _align_new_blocks(ManagerPlan p, _Group g, object rid, list blocks,
+                            Py_ssize_t main_tokens):
+    # An align-mode group's allocate_new_blocks for a running request whose
+    # table is short, with no checkpoint and no partial hit (_align_steady
+    # has seen to it): the previous state's index recorded, null blocks up
+    # to the new state's slot, the speculative blocks before the slot moved
+    # to the end (a null left in their place), one new block. Returns what
+    # vLLM's returns: the table's new tail and the new block.
+    cdef Py_ssize_t prev = PyList_GET_SIZE(blocks), i
+    cdef Py_ssize_t slot = _cdiv(main_tokens, g.block_size) - 1
+    g.last_state[rid] = prev - 1 - g.nsb
+    if prev < slot:
+        blocks.extend([g.null_block] * (slot - prev))
+    for i in range(prev - g.nsb, prev):  # (prev >= nsb: _align_steady)
+        if i >= slot:
+            break
+        blocks.append(<object> PyList_GET_ITEM(blocks, i))
+        blocks[i] = g.null_block
+    new = _new_blocks(p, 1)
+    returned = blocks[prev:]
+    blocks.extend(new)
+    returned.extend(new)
+    return returned
 
 
 cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
@@ -1457,9 +1506,11 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
         if g.align:
-            # (its predictor's count, with no checkpoint, no partial hit and
-            # no new block: none, or less than none, summed as vLLM sums it)
-            required += _cdiv(main_tokens, g.block_size) + g.nsb - len(_req_blocks(g, rid))
+            # (its predictor's count, with no checkpoint and no partial hit:
+            # none, or less than none, summed as vLLM sums it; a short table
+            # needs one block, the cap of every release)
+            nnew = _group_new_blocks(g, len(_req_blocks(g, rid)), need, main_tokens, enc)
+            required += 1 if nnew > 0 else nnew
             continue
         # (total_computed_tokens: local + external, not capped here)
         required += _group_blocks_to_allocate(
@@ -1473,7 +1524,7 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     any_new = False
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
-        if _group_new_blocks(g, len(_req_blocks(g, rid)), need, enc) > 0:
+        if _group_new_blocks(g, len(_req_blocks(g, rid)), need, main_tokens, enc) > 0:
             any_new = True
             break
     if not any_new:
@@ -1485,9 +1536,12 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
         blocks = _req_blocks(g, rid)
-        nnew = _group_new_blocks(g, len(blocks), need, enc)
+        nnew = _group_new_blocks(g, len(blocks), need, main_tokens, enc)
         if nnew <= 0:
             new = []
+        elif g.align:
+            new = _align_new_blocks(p, g, rid, blocks, main_tokens)
+            any_new = True
         else:
             new = _new_blocks(p, nnew)
             blocks.extend(new)
