@@ -299,6 +299,14 @@ if LATE_DRIVER and {"num_prefill_checkpoint_blocks", "prefill_checkpoint_alignme
         groups=(vw.Group("full", 16), vw.Group("mamba", 64, speculative_blocks=3, **ckpt)),
         **eagle,
     )
+    # ... and without checkpoint blocks: a running request's chunk that
+    # crosses two state blocks or more moves its speculative blocks past the
+    # new state's slot (kvpool does it in C).
+    WORKLOADS["eagle+mamba-long-chunks"] = WORKLOADS["mamba-ckpt"].scaled(
+        name="EAGLE, full attention + Mamba align with speculative blocks, long chunks",
+        groups=(vw.Group("full", 16), vw.Group("mamba", 64, speculative_blocks=3)),
+        **eagle,
+    )
 
 if LATE_DRIVER and vw.MAMBA_MODE_ALL:
     # (0.30, 0.31: the deprecated mode "all", prefix caching on: each Mamba
