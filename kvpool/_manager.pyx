@@ -59,6 +59,7 @@ cdef extern from "Python.h":
     bint PyDict_Check(object o)
     bint PySet_Check(object o)
     int PySet_Contains(object s, object key) except -1
+    int PySet_Add(object s, object key) except -1
     long long PyLong_AsLongLongAndOverflow(object o, int *overflow)
     object PyObject_Vectorcall(object callable, PyObject **args, size_t nargsf, object kwnames)
 
@@ -1340,36 +1341,53 @@ cdef object _VLLM = object()
 
 
 cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
-                        Py_ssize_t new_tokens) except -1:
+                        Py_ssize_t new_tokens, bint full_sequence) except -1:
     # Whether, for a call adopting nothing (the caller checked: no hit, no
-    # external tokens, no full-sequence admission, no partial hit pending),
-    # every align-mode Mamba group's part of allocate_slots is one of the
-    # two done here. The request has had its blocks (_allocated_block_reqs),
-    # its last predictor set no checkpoint, and this step sets none either.
-    # Then its table already holds cdiv(main_tokens, bs) +
-    # num_speculative_blocks blocks (vLLM counts no new block and takes
-    # allocate_new_blocks' fast path), or it is short: vLLM's code counts
-    # one block (its cap, in every release), records the previous state's
-    # index, pads the table with null blocks up to the new state's slot,
-    # moves the speculative blocks the step leaves behind to the end, and
-    # takes one new block -- after the padding and the moves the table is
-    # always one block short (_align_new_blocks).
+    # external tokens, no partial hit pending), every align-mode Mamba
+    # group's part of allocate_slots is one of those done here. Its last
+    # predictor set no checkpoint, and this step sets none either. Then:
+    # - the request has had its blocks (_allocated_block_reqs) and its
+    #   table already holds cdiv(main_tokens, bs) + num_speculative_blocks
+    #   blocks: vLLM counts no new block and takes allocate_new_blocks'
+    #   fast path;
+    # - it has had its blocks and its table is short: vLLM counts one block
+    #   (its cap, in every release), records the previous state's index,
+    #   pads the table with null blocks up to the new state's slot, moves
+    #   the speculative blocks the step leaves behind to the end, and takes
+    #   one new block -- after the padding and the moves the table is always
+    #   one block short;
+    # - it has no blocks yet (its first allocation, no hit): vLLM counts
+    #   1 + num_speculative_blocks (its cap, in every release), pads the
+    #   table with null blocks up to the state's slot and takes that many.
+    # (_align_count and _align_new_blocks do what vLLM's code does.)
     #
     # The step sets no checkpoint when the group reserves no checkpoint
     # blocks (vLLM's test reads has_prefill_checkpoint_blocks first), or
     # when the chunk is no more than a hash block: the test wants the
     # checkpoint at least a hash block past the chunk's start and before
-    # its end. Its predictor then pops nothing (none was set).
+    # its end. Its predictor then pops nothing (none was set). The
+    # full-sequence admission's count (``full_sequence``) runs the same test
+    # over the whole prompt: done here only without checkpoint blocks.
     cdef _Group g
     cdef int member
     cdef Py_ssize_t have, slot, i
+    cdef PyObject *entry
     for g in p.groups:
         if not g.align:
             continue
-        if g.ckpt_blocks and new_tokens > p.hash_block_size:
+        if g.ckpt_blocks and (full_sequence or new_tokens > p.hash_block_size):
+            return False
+        if PyDict_Contains(g.ckpts, rid):
             return False
         member = PySet_Contains(g.allocated, rid)
-        if member != 1 or PyDict_Contains(g.ckpts, rid):
+        if member == 0:
+            # (no table yet, or the empty one a predictor made)
+            entry = PyDict_GetItemWithError(g.rtb, rid)
+            if entry != NULL and not (PyList_CheckExact(<object> entry)
+                                      and PyList_GET_SIZE(<object> entry) == 0):
+                return False
+            continue
+        if member != 1:
             return False
         table = _exact_table(g, rid)
         if table is None:
@@ -1389,28 +1407,49 @@ cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
     return True
 
 
+cdef Py_ssize_t _align_count(_Group g, object rid, Py_ssize_t main_tokens) except? -1:
+    # An align-mode group's get_num_blocks_to_allocate in the cases of
+    # _align_steady: the blocks its table lacks (none, or less than none),
+    # capped at one for a request that has had its blocks, at 1 +
+    # num_speculative_blocks for one that has not. Its table is looked up
+    # as vLLM's predictor does: a request without one gets an empty one.
+    cdef Py_ssize_t n = (_cdiv(main_tokens, g.block_size) + g.nsb
+                         - len(_req_blocks(g, rid)))
+    if n <= 0:
+        return n
+    return 1 if PySet_Contains(g.allocated, rid) == 1 else 1 + g.nsb
+
+
 cdef list _align_new_blocks(ManagerPlan p, _Group g, object rid, list blocks,
                             Py_ssize_t main_tokens):
-    # An align-mode group's allocate_new_blocks for a running request whose
-    # table is short, with no checkpoint and no partial hit (_align_steady
-    # has seen to it): the previous state's index recorded, null blocks up
-    # to the new state's slot, the speculative blocks before the slot moved
-    # to the end (a null left in their place), one new block. Returns what
-    # vLLM's returns: the table's new tail and the new block.
+    # An align-mode group's allocate_new_blocks for a request whose table is
+    # short, with no checkpoint and no partial hit (_align_steady has seen
+    # to it). For a request that has had its blocks: the previous state's
+    # index recorded, null blocks up to the new state's slot, the
+    # speculative blocks before the slot moved to the end (a null left in
+    # their place), one new block. For a first allocation (an empty table):
+    # null blocks up to the state's slot, 1 + num_speculative_blocks new
+    # blocks, and the request marked allocated. Returns what vLLM's
+    # returns: the table's new tail, the new blocks included.
     cdef Py_ssize_t prev = PyList_GET_SIZE(blocks), i
     cdef Py_ssize_t slot = _cdiv(main_tokens, g.block_size) - 1
-    g.last_state[rid] = prev - 1 - g.nsb
+    cdef bint allocated = PySet_Contains(g.allocated, rid) == 1
+    if allocated:
+        g.last_state[rid] = prev - 1 - g.nsb
     if prev < slot:
         blocks.extend([g.null_block] * (slot - prev))
-    for i in range(prev - g.nsb, prev):  # (prev >= nsb: _align_steady)
-        if i >= slot:
-            break
-        blocks.append(<object> PyList_GET_ITEM(blocks, i))
-        blocks[i] = g.null_block
-    new = _new_blocks(p, 1)
+    if allocated:
+        for i in range(prev - g.nsb, prev):  # (prev >= nsb: _align_steady)
+            if i >= slot:
+                break
+            blocks.append(<object> PyList_GET_ITEM(blocks, i))
+            blocks[i] = g.null_block
+    new = _new_blocks(p, 1 if allocated else 1 + g.nsb)
     returned = blocks[prev:]
     blocks.extend(new)
     returned.extend(new)
+    if not allocated:
+        PySet_Add(g.allocated, rid)
     return returned
 
 
@@ -1465,8 +1504,8 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     if total > p.max_model_len:
         total = p.max_model_len
     main_tokens = total + new_tokens
-    if p.has_align and (adopts or full_sequence_must_fit
-                        or not _align_steady(p, rid, main_tokens, new_tokens)) or (
+    if p.has_align and (adopts or not _align_steady(p, rid, main_tokens, new_tokens,
+                                                      full_sequence_must_fit)) or (
             p.mamba_hits and adopt is not None):
         p.n_base += 1
         return _VLLM
@@ -1489,6 +1528,9 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
             full_tokens = p.max_model_len
         required = 0
         for i in range(p.ngroups):
+            if (<_Group> p.groups[i]).align:
+                required += _align_count(<_Group> p.groups[i], rid, full_tokens)
+                continue
             required += _group_blocks_to_allocate(
                 <_Group> p.groups[i], rid, full_tokens, enc,
                 None if adopt is None else adopt[i], total, True)
@@ -1506,11 +1548,9 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
         if g.align:
-            # (its predictor's count, with no checkpoint and no partial hit:
-            # none, or less than none, summed as vLLM sums it; a short table
-            # needs one block, the cap of every release)
-            nnew = _group_new_blocks(g, len(_req_blocks(g, rid)), need, main_tokens, enc)
-            required += 1 if nnew > 0 else nnew
+            # (its predictor's count: none, or less than none, summed as
+            # vLLM sums it, or its cap)
+            required += _align_count(g, rid, main_tokens)
             continue
         # (total_computed_tokens: local + external, not capped here)
         required += _group_blocks_to_allocate(
