@@ -1341,10 +1341,11 @@ cdef object _VLLM = object()
 
 
 cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
-                        Py_ssize_t new_tokens, bint full_sequence) except -1:
-    # Whether, for a call adopting nothing (the caller checked: no hit, no
-    # external tokens, no partial hit pending), every align-mode Mamba
-    # group's part of allocate_slots is one of those done here. Its last
+                        Py_ssize_t new_tokens, bint full_sequence, object adopt) except -1:
+    # Whether, for a call with no external tokens and no partial hit (the
+    # caller checked; ``adopt``: _to_adopt's hits, or None), every
+    # align-mode Mamba group's part of allocate_slots is one of those done
+    # here. Its last
     # predictor set no checkpoint, and this step sets none either. Then:
     # - the request has had its blocks (_allocated_block_reqs) and its
     #   table already holds cdiv(main_tokens, bs) + num_speculative_blocks
@@ -1356,9 +1357,13 @@ cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
     #   the speculative blocks the step leaves behind to the end, and takes
     #   one new block -- after the padding and the moves the table is always
     #   one block short;
-    # - it has no blocks yet (its first allocation, no hit): vLLM counts
-    #   1 + num_speculative_blocks (its cap, in every release), pads the
-    #   table with null blocks up to the state's slot and takes that many.
+    # - it has no blocks yet (its first allocation): vLLM counts 1 +
+    #   num_speculative_blocks (its cap, in every release) and the hit's
+    #   evictable blocks; after the hit's adoption (base code: its state
+    #   block kept, nulls before it) it records the hit state's index, pads
+    #   the table with null blocks up to the new state's slot and takes
+    #   that many. A hit whose state block was cached in this very step is
+    #   refused by vLLM's count (the state is not there yet): vLLM's code.
     # (_align_count and _align_new_blocks do what vLLM's code does.)
     #
     # The step sets no checkpoint when the group reserves no checkpoint
@@ -1370,9 +1375,10 @@ cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
     # over the whole prompt: done here only without checkpoint blocks.
     cdef _Group g
     cdef int member
-    cdef Py_ssize_t have, slot, i
+    cdef Py_ssize_t have, slot, i, k
     cdef PyObject *entry
-    for g in p.groups:
+    for k in range(p.ngroups):
+        g = <_Group> p.groups[k]
         if not g.align:
             continue
         if g.ckpt_blocks and (full_sequence or new_tokens > p.hash_block_size):
@@ -1386,6 +1392,12 @@ cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
             if entry != NULL and not (PyList_CheckExact(<object> entry)
                                       and PyList_GET_SIZE(<object> entry) == 0):
                 return False
+            if adopt is not None:
+                hits = <object> PyTuple_GET_ITEM(adopt, k)
+                if (PyList_GET_SIZE(hits) > 0
+                        and hits[PyList_GET_SIZE(hits) - 1].block_hash
+                        in g.mgr.cached_blocks_this_step):
+                    return False
             continue
         if member != 1:
             return False
@@ -1407,17 +1419,29 @@ cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
     return True
 
 
-cdef Py_ssize_t _align_count(_Group g, object rid, Py_ssize_t main_tokens) except? -1:
+cdef Py_ssize_t _align_count(_Group g, object rid, Py_ssize_t main_tokens,
+                             object hits) except? -1:
     # An align-mode group's get_num_blocks_to_allocate in the cases of
-    # _align_steady: the blocks its table lacks (none, or less than none),
-    # capped at one for a request that has had its blocks, at 1 +
-    # num_speculative_blocks for one that has not. Its table is looked up
-    # as vLLM's predictor does: a request without one gets an empty one.
+    # _align_steady (``hits``: its list of the hit's blocks, or None): the
+    # blocks its table and the hit lack (none, or less than none), capped
+    # at one for a request that has had its blocks, at 1 +
+    # num_speculative_blocks for one that has not; then the hit's blocks
+    # that leave the free queue when touched (every one of them, as vLLM's
+    # count, though the adoption keeps only the last). Its table is looked
+    # up as vLLM's predictor does: a request without one gets an empty one.
     cdef Py_ssize_t n = (_cdiv(main_tokens, g.block_size) + g.nsb
                          - len(_req_blocks(g, rid)))
-    if n <= 0:
-        return n
-    return 1 if PySet_Contains(g.allocated, rid) == 1 else 1 + g.nsb
+    cdef Py_ssize_t i, nhits = 0
+    if hits is not None:
+        nhits = PyList_GET_SIZE(hits)
+        n -= nhits
+    if n > 0:
+        n = 1 if PySet_Contains(g.allocated, rid) == 1 else 1 + g.nsb
+    for i in range(nhits):
+        block = <object> PyList_GET_ITEM(hits, i)
+        if block.ref_cnt == 0 and not block.is_null:
+            n += 1
+    return n
 
 
 cdef list _align_new_blocks(ManagerPlan p, _Group g, object rid, list blocks,
@@ -1429,13 +1453,16 @@ cdef list _align_new_blocks(ManagerPlan p, _Group g, object rid, list blocks,
     # speculative blocks before the slot moved to the end (a null left in
     # their place), one new block. For a first allocation (an empty table):
     # null blocks up to the state's slot, 1 + num_speculative_blocks new
-    # blocks, and the request marked allocated. Returns what vLLM's
+    # blocks, and the request marked allocated -- after a hit, the hit
+    # state's index recorded first. Returns what vLLM's
     # returns: the table's new tail, the new blocks included.
     cdef Py_ssize_t prev = PyList_GET_SIZE(blocks), i
     cdef Py_ssize_t slot = _cdiv(main_tokens, g.block_size) - 1
     cdef bint allocated = PySet_Contains(g.allocated, rid) == 1
     if allocated:
         g.last_state[rid] = prev - 1 - g.nsb
+    elif prev > 0:
+        g.last_state[rid] = prev - 1
     if prev < slot:
         blocks.extend([g.null_block] * (slot - prev))
     if allocated:
@@ -1504,8 +1531,8 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     if total > p.max_model_len:
         total = p.max_model_len
     main_tokens = total + new_tokens
-    if p.has_align and (adopts or not _align_steady(p, rid, main_tokens, new_tokens,
-                                                      full_sequence_must_fit)) or (
+    if p.has_align and (ext > 0 or not _align_steady(p, rid, main_tokens, new_tokens,
+                                                       full_sequence_must_fit, adopt)) or (
             p.mamba_hits and adopt is not None):
         p.n_base += 1
         return _VLLM
@@ -1529,7 +1556,8 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         required = 0
         for i in range(p.ngroups):
             if (<_Group> p.groups[i]).align:
-                required += _align_count(<_Group> p.groups[i], rid, full_tokens)
+                required += _align_count(<_Group> p.groups[i], rid, full_tokens,
+                                         None if adopt is None else adopt[i])
                 continue
             required += _group_blocks_to_allocate(
                 <_Group> p.groups[i], rid, full_tokens, enc,
@@ -1550,7 +1578,7 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         if g.align:
             # (its predictor's count: none, or less than none, summed as
             # vLLM sums it, or its cap)
-            required += _align_count(g, rid, main_tokens)
+            required += _align_count(g, rid, main_tokens, None if adopt is None else adopt[i])
             continue
         # (total_computed_tokens: local + external, not capped here)
         required += _group_blocks_to_allocate(
