@@ -155,8 +155,8 @@ CACHING = {
     "nemotronh-caching": {"prefix_caching": True, "events": True, "num_blocks": 80,
                           "max_num_batched_tokens": 32, **NEMOTRONH},
 }
-ALIGN_SERVED = ("MambaManager: kvpool's compiled paths for a running request's steps that "
-                "change none of its state tables; vLLM's code for its other steps "
+ALIGN_SERVED = ("MambaManager: kvpool's compiled paths; vLLM's code for a partial-block hit "
+                "(copied on write), a connector's tokens and a prefill checkpoint "
                 "(mamba_cache_mode 'align')")
 
 caching_runs = scenario_runs(MAMBA_BASE, CACHING)

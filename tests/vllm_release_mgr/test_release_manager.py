@@ -778,8 +778,8 @@ def test_each_group_says_what_serves_it(caplog: pytest.LogCaptureFixture) -> Non
                              ("SlidingWindowSpec", "SlidingWindowManager", compiled + lookup)],
     }
     if "mamba-cow" in WORKLOADS:
-        steady = ("kvpool's compiled paths for a running request's steps that change none of "
-                  "its state tables; vLLM's code for its other steps (mamba_cache_mode 'align')")
+        steady = ("kvpool's compiled paths; vLLM's code for a partial-block hit (copied on "
+                  "write), a connector's tokens and a prefill checkpoint (mamba_cache_mode 'align')")
         expected["mamba-cow"] = [("FullAttentionSpec", "FullAttentionManager", compiled + lookup),
                                  ("MambaSpec", "MambaManager", steady + lookup)]
     if "full+ring" in WORKLOADS:
