@@ -36,10 +36,11 @@ cdef class _Group:
     # num_speculative_blocks blocks' tokens added to every count.
     cdef bint mamba
     cdef Py_ssize_t extra_tokens  # block_size * num_speculative_blocks; 0 for other classes
-    # MambaManager in mamba_cache_mode "align" (prefix caching on): only a
-    # running request's steps that set no checkpoint are done here -- its
-    # table long enough, or one new state block (see _align_steady); every
-    # other step is vLLM's code.
+    # MambaManager in mamba_cache_mode "align" (prefix caching on): the
+    # calls that set no checkpoint, adopt no partial-block hit and take no
+    # connector's tokens are done here -- a running request's steps, its new
+    # state blocks, its admission (see _align_steady); every other call is
+    # vLLM's code.
     cdef bint align
     cdef Py_ssize_t nsb           # num_speculative_blocks (align)
     cdef bint ckpt_blocks         # has_prefill_checkpoint_blocks (align)

@@ -1345,8 +1345,8 @@ cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
     # Whether, for a call with no external tokens and no partial hit (the
     # caller checked; ``adopt``: _to_adopt's hits, or None), every
     # align-mode Mamba group's part of allocate_slots is one of those done
-    # here. Its last
-    # predictor set no checkpoint, and this step sets none either. Then:
+    # here. Its last predictor set no checkpoint, and this step sets none
+    # either. Then:
     # - the request has had its blocks (_allocated_block_reqs) and its
     #   table already holds cdiv(main_tokens, bs) + num_speculative_blocks
     #   blocks: vLLM counts no new block and takes allocate_new_blocks'
@@ -1454,8 +1454,8 @@ cdef list _align_new_blocks(ManagerPlan p, _Group g, object rid, list blocks,
     # their place), one new block. For a first allocation (an empty table):
     # null blocks up to the state's slot, 1 + num_speculative_blocks new
     # blocks, and the request marked allocated -- after a hit, the hit
-    # state's index recorded first. Returns what vLLM's
-    # returns: the table's new tail, the new blocks included.
+    # state's index recorded first. Returns what vLLM's returns: the
+    # table's new tail, the new blocks included.
     cdef Py_ssize_t prev = PyList_GET_SIZE(blocks), i
     cdef Py_ssize_t slot = _cdiv(main_tokens, g.block_size) - 1
     cdef bint allocated = PySet_Contains(g.allocated, rid) == 1
