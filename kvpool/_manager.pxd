@@ -44,7 +44,6 @@ cdef class _Group:
     cdef bint align
     cdef Py_ssize_t nsb           # num_speculative_blocks (align)
     cdef bint ckpt_blocks         # has_prefill_checkpoint_blocks (align)
-    cdef object null_block        # the manager's _null_block (align: padding)
     cdef object ckpts             # _checkpoints (a dict)
     cdef object allocated         # _allocated_block_reqs (a set)
     cdef object last_state        # last_state_block_idx (a dict)

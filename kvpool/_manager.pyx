@@ -283,7 +283,6 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
             # (its lookahead-free count: cdiv(main-model tokens, bs) + nsb)
             g.nsb = mgr.num_speculative_blocks
             g.ckpt_blocks = bool(mgr.has_prefill_checkpoint_blocks)
-            g.null_block = mgr._null_block
             g.extra_tokens = 0
             g.use_eagle = bool(mgr.use_eagle)
             alignment = getattr(mgr.kv_cache_spec, "prefill_checkpoint_alignment", None)
@@ -1464,13 +1463,13 @@ cdef list _align_new_blocks(ManagerPlan p, _Group g, object rid, list blocks,
     elif prev > 0:
         g.last_state[rid] = prev - 1
     if prev < slot:
-        blocks.extend([g.null_block] * (slot - prev))
+        blocks.extend([p.null_block] * (slot - prev))
     if allocated:
         for i in range(prev - g.nsb, prev):  # (prev >= nsb: _align_steady)
             if i >= slot:
                 break
             blocks.append(<object> PyList_GET_ITEM(blocks, i))
-            blocks[i] = g.null_block
+            blocks[i] = p.null_block
     new = _new_blocks(p, 1 if allocated else 1 + g.nsb)
     returned = blocks[prev:]
     blocks.extend(new)
