@@ -37,13 +37,21 @@ cdef class _Group:
     cdef bint mamba
     cdef Py_ssize_t extra_tokens  # block_size * num_speculative_blocks; 0 for other classes
     # MambaManager in mamba_cache_mode "align" (prefix caching on): the
-    # calls that set no checkpoint, adopt no partial-block hit and take no
-    # connector's tokens are done here -- a running request's steps, its new
-    # state blocks, its admission (see _align_steady); every other call is
-    # vLLM's code.
+    # calls that adopt no partial-block hit and take no connector's tokens
+    # are done here -- a running request's steps, its new state blocks, its
+    # admission, its prefill checkpoints (see _align_steady); every other
+    # call is vLLM's code.
     cdef bint align
     cdef Py_ssize_t nsb           # num_speculative_blocks (align)
     cdef bint ckpt_blocks         # has_prefill_checkpoint_blocks (align)
+    # Its prefill checkpoints (see _align_checkpoint), when ckpt_blocks: the
+    # spec's alignment (0: None, no checkpoint is ever valid), the
+    # granularity of a checkpoint's position, the tokens below a chunk's end
+    # it stays at or under, and EAGLE's block drop (one granule lower).
+    cdef Py_ssize_t ckpt_align
+    cdef Py_ssize_t ckpt_every
+    cdef Py_ssize_t ckpt_back
+    cdef bint ckpt_drop
     cdef object ckpts             # _checkpoints (a dict)
     cdef object allocated         # _allocated_block_reqs (a set)
     cdef object last_state        # last_state_block_idx (a dict)
@@ -106,6 +114,13 @@ cdef class ManagerPlan:
     cdef bint cap_at_hashed       # 0.33: cache_blocks stops at the hashed tokens
     cdef bint trims_null_head     # 0.33: free() drops a table's leading null blocks
     cdef bint has_prefill_end     # 0.31 on: get_num_blocks_to_allocate's prefill_end
+    # 0.31 on, with the coordinator's retention_interval 0 (only reachable
+    # states kept): an align-mode checkpoint only on the chunk that reaches
+    # the prefill's end.
+    cdef bint ckpt_prefill_end
+    # An align-mode checkpoint step's rules: 30, 31 or 32 (0.32 on), see
+    # _align_count and _align_new_blocks.
+    cdef int align_rules
     cdef bint zero_chunk_adopts   # 0.31 on: a 0-token chunk may adopt computed tokens
     cdef object base_num_blocks   # the coordinator class's get_num_blocks_to_allocate
     cdef bint caching             # any group caches

@@ -104,6 +104,11 @@ cdef inline Py_ssize_t _floordiv(Py_ssize_t a, Py_ssize_t b) noexcept:
     return -((-a + b - 1) // b)
 
 
+cdef inline Py_ssize_t _mod(Py_ssize_t a, Py_ssize_t b) noexcept:
+    # Python's a % b (b > 0): C's takes the sign of a.
+    return a - _floordiv(a, b) * b
+
+
 @cython.final
 cdef class _Group:
     pass
@@ -165,7 +170,7 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
              str eagle_drop_attr="drop_eagle_group_ids", bint eagle_margin_to_hashes=True,
              rswa_cls=None, chunked_cls=None, cross_cls=None, mamba_cls=None,
              ring_cls=None, kpool_tail_cls=None, bint tail_index_cdiv=True,
-             bint tail_eagle_limit=True):
+             bint tail_eagle_limit=True, int align_rules=32):
     """``(plan, None)`` if ``manager`` (a vLLM ``KVCacheManager``, built) is in
     the scope of these paths, else ``(None, reason)``.
 
@@ -213,6 +218,15 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     ``tail_eagle_limit`` (0.32 on): a full-attention group's prompt-tail
     boundary is below ``num_prompt_tokens - 1`` without EAGLE (0.30, 0.31:
     below ``num_prompt_tokens``, with EAGLE or not).
+    ``align_rules``: an align-mode Mamba group's prefill checkpoint rules,
+    30, 31 or 32 (0.32 on). 0.32 on: its position is counted in the hit
+    alignment's tokens (0.30, 0.31: hash blocks) below a limit that EAGLE's
+    block drop puts at the chunk's end (0.30, 0.31: one token below, drop
+    or not); a checkpoint step keeps the scratch block at the checkpoint's
+    index out of the relocation (0.30, 0.31: relocates none) and counts
+    the speculative blocks only for a first allocation (0.30, 0.31: for a
+    checkpoint step too; 0.30 assigns the count its cap, not their least,
+    and leaves it uncapped for a running request's checkpoint step).
     ``common_prefix_blocks`` (0.30, 0.31): the coordinator base class's
     ``get_num_common_prefix_blocks``, done here if the coordinator's class
     has it (the one without prefix caching answers zeros itself).
@@ -290,6 +304,27 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
                     isinstance(alignment, int) and alignment > 0):
                 # (vLLM's checkpoint test asserts it on every step)
                 return None, "a prefill checkpoint alignment that is not positive"
+            if g.ckpt_blocks and alignment is not None:
+                # (get_mamba_prefill_checkpoint_position's arguments, as its
+                # predictor passes them: 0.32 on, the hit alignment's
+                # granules and a proof limit at the chunk's end with EAGLE's
+                # drop, else max(1, lookahead hashes) below it -- 0.33's
+                # lookahead, 0.32's none; 0.30, 0.31: hash blocks, one token
+                # below the end)
+                g.ckpt_align = alignment
+                g.ckpt_drop = bool(mgr.drop_eagle_checkpoint_block)
+                if align_rules >= 32:
+                    every = mgr.cache_hit_alignment_tokens
+                    lookahead = getattr(pool, "num_hash_lookahead_tokens", 0)
+                    if not isinstance(lookahead, int) or lookahead < 0:
+                        return None, "a number of lookahead hash tokens that is not a count"
+                    g.ckpt_back = 0 if g.ckpt_drop else max(1, lookahead)
+                else:
+                    every = pool.hash_block_size
+                    g.ckpt_back = 1
+                if not isinstance(every, int) or every <= 0:
+                    return None, "a checkpoint granularity that is not positive"
+                g.ckpt_every = every
         g.full_like = full_like = cls is full_cls or g.rswa
         cap = getattr(mgr, cap_attr)
         g.has_cap = cap is not None
@@ -381,6 +416,8 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
         and getattr(type(coordinator), "get_num_common_prefix_blocks", None) is common_prefix_blocks
     )
     p.has_prefill_end = has_prefill_end
+    p.ckpt_prefill_end = has_prefill_end and coordinator.retention_interval == 0
+    p.align_rules = align_rules
     p.zero_chunk_adopts = zero_chunk_adopts
     if p.hash_block_size <= 0:
         return None, "a hash block size that is not positive"
@@ -1340,7 +1377,7 @@ cdef object _VLLM = object()
 
 
 cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
-                        Py_ssize_t new_tokens, bint full_sequence, object adopt) except -1:
+                        object adopt) except -1:
     # Whether, for a call with no external tokens and no partial hit (the
     # caller checked; ``adopt``: _to_adopt's hits, or None), every
     # align-mode Mamba group's part of allocate_slots is one of those done
@@ -1363,15 +1400,13 @@ cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
     #   the table with null blocks up to the new state's slot and takes
     #   that many. A hit whose state block was cached in this very step is
     #   refused by vLLM's count (the state is not there yet): vLLM's code.
+    # A prefill checkpoint changes each case: the predictor decides it
+    # (_align_checkpoint) and records or drops it, the count allows one
+    # block more, and the allocation keeps a real block at the
+    # checkpoint's index (see _align_count, _align_new_blocks). A
+    # checkpoint left by the last step's predictor is this step's
+    # predictor's to record again or drop, before anything reads it.
     # (_align_count and _align_new_blocks do what vLLM's code does.)
-    #
-    # The step sets no checkpoint when the group reserves no checkpoint
-    # blocks (vLLM's test reads has_prefill_checkpoint_blocks first), or
-    # when the chunk is no more than a hash block: the test wants the
-    # checkpoint at least a hash block past the chunk's start and before
-    # its end. Its predictor then pops nothing (none was set). The
-    # full-sequence admission's count (``full_sequence``) runs the same test
-    # over the whole prompt: done here only without checkpoint blocks.
     cdef _Group g
     cdef int member
     cdef Py_ssize_t have, slot, i, k
@@ -1380,10 +1415,6 @@ cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
         g = <_Group> p.groups[k]
         if not g.align:
             continue
-        if g.ckpt_blocks and (full_sequence or new_tokens > p.hash_block_size):
-            return False
-        if PyDict_Contains(g.ckpts, rid):
-            return False
         member = PySet_Contains(g.allocated, rid)
         if member == 0:
             # (no table yet, or the empty one a predictor made)
@@ -1418,24 +1449,81 @@ cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
     return True
 
 
-cdef Py_ssize_t _align_count(_Group g, object rid, Py_ssize_t main_tokens,
-                             object hits) except? -1:
+cdef Py_ssize_t _align_checkpoint(ManagerPlan p, _Group g, object rid, list blocks,
+                                  Py_ssize_t start, Py_ssize_t end,
+                                  Py_ssize_t prefill_end) except -1:
+    # The prefill checkpoint an align-mode group's predictor keeps for the
+    # chunk of tokens [start, end), 0 for none (vLLM's position, then its
+    # _needs_internal_checkpoint): the last granule boundary at or below
+    # end - ckpt_back, one granule lower with EAGLE's drop; kept if the
+    # group reserves checkpoint blocks, the chunk reaches the prefill's end
+    # (0.31 on, see ManagerPlan.ckpt_prefill_end), the backend can export
+    # it -- the chunk starts on a hash block, crosses a state block, and the
+    # position is a hash block past its start, before its end, on the
+    # spec's alignment from its start -- and the block at the checkpoint's
+    # index, cdiv(end, bs) - 2, is not yet the request's own: beyond its
+    # table, null, or one of a running request's speculative blocks.
+    # ``blocks``: the group's table of the request (as vLLM's, made).
+    cdef Py_ssize_t pos, idx, have, h = p.hash_block_size
+    if not g.ckpt_blocks or g.ckpt_align == 0:
+        return 0
+    pos = _floordiv(end - g.ckpt_back, g.ckpt_every) * g.ckpt_every
+    if g.ckpt_drop:
+        pos -= g.ckpt_every
+    if p.ckpt_prefill_end and end < prefill_end:
+        return 0
+    idx = _cdiv(end, g.block_size) - 2
+    if not (_mod(start, h) == 0 and idx > _floordiv(start - 1, g.block_size)
+            and start + h <= pos and start < pos < end
+            and (pos - start) % g.ckpt_align == 0 and idx >= 0):
+        return 0
+    have = PyList_GET_SIZE(blocks)
+    if (idx >= have or <object> PyList_GET_ITEM(blocks, idx) is p.null_block
+            or (PySet_Contains(g.allocated, rid) == 1 and idx >= have - g.nsb)):
+        return pos
+    return 0
+
+
+cdef Py_ssize_t _align_count(ManagerPlan p, _Group g, object rid, Py_ssize_t start,
+                             Py_ssize_t main_tokens, Py_ssize_t prefill_end, object hits,
+                             bint record) except? -1:
     # An align-mode group's get_num_blocks_to_allocate in the cases of
-    # _align_steady (``hits``: its list of the hit's blocks, or None): the
-    # blocks its table and the hit lack (none, or less than none), capped
-    # at one for a request that has had its blocks, at 1 +
-    # num_speculative_blocks for one that has not; then the hit's blocks
-    # that leave the free queue when touched (every one of them, as vLLM's
-    # count, though the adoption keeps only the last). Its table is looked
-    # up as vLLM's predictor does: a request without one gets an empty one.
-    cdef Py_ssize_t n = (_cdiv(main_tokens, g.block_size) + g.nsb
-                         - len(_req_blocks(g, rid)))
-    cdef Py_ssize_t i, nhits = 0
+    # _align_steady (``hits``: its list of the hit's blocks, or None), for
+    # the chunk from ``start`` to ``main_tokens``: the blocks its table and
+    # the hit lack (none, or less than none), capped at one for a request
+    # that has had its blocks, at 1 + num_speculative_blocks for one that
+    # has not, a checkpoint's block more (align_rules: 0.30, 0.31 count
+    # the speculative blocks for a checkpoint step too; 0.30 assigns the
+    # cap, and leaves a running request's checkpoint step uncapped); then
+    # the hit's blocks that leave the free queue when touched (every one of
+    # them, as vLLM's count, though the adoption keeps only the last). Its
+    # table is looked up as vLLM's predictor does: a request without one
+    # gets an empty one. ``record`` (not the admission's count): the
+    # checkpoint is recorded in _checkpoints, or dropped from it.
+    cdef list blocks = _req_blocks(g, rid)
+    cdef Py_ssize_t n = _cdiv(main_tokens, g.block_size) + g.nsb - PyList_GET_SIZE(blocks)
+    cdef Py_ssize_t i, nhits = 0, pos, cap
+    cdef bint allocated, cb
     if hits is not None:
         nhits = PyList_GET_SIZE(hits)
         n -= nhits
+    pos = _align_checkpoint(p, g, rid, blocks, start, main_tokens, prefill_end)
+    cb = pos > 0
+    if record:
+        if cb:
+            g.ckpts[rid] = (pos, _cdiv(main_tokens, g.block_size) - 2)
+        elif PyDict_Contains(g.ckpts, rid):
+            del g.ckpts[rid]
     if n > 0:
-        n = 1 if PySet_Contains(g.allocated, rid) == 1 else 1 + g.nsb
+        allocated = PySet_Contains(g.allocated, rid) == 1
+        cap = 1 + cb
+        if not allocated or (cb and p.align_rules < 32):
+            cap += g.nsb
+        if p.align_rules == 30:
+            if not (cb and allocated):
+                n = cap
+        elif cap < n:
+            n = cap
     for i in range(nhits):
         block = <object> PyList_GET_ITEM(hits, i)
         if block.ref_cnt == 0 and not block.is_null:
@@ -1445,37 +1533,49 @@ cdef Py_ssize_t _align_count(_Group g, object rid, Py_ssize_t main_tokens,
 
 cdef list _align_new_blocks(ManagerPlan p, _Group g, object rid, list blocks,
                             Py_ssize_t main_tokens):
-    # An align-mode group's allocate_new_blocks for a request whose table is
-    # short, with no checkpoint and no partial hit (_align_steady has seen
-    # to it). For a request that has had its blocks: the previous state's
-    # index recorded, null blocks up to the new state's slot, the
-    # speculative blocks before the slot moved to the end (a null left in
-    # their place), one new block. For a first allocation (an empty table):
-    # null blocks up to the state's slot, 1 + num_speculative_blocks new
-    # blocks, and the request marked allocated -- after a hit, the hit
-    # state's index recorded first. Returns what vLLM's returns: the
+    # An align-mode group's allocate_new_blocks past its fast path (a table
+    # short of blocks, or a checkpoint recorded), with no partial hit
+    # (_align_steady has seen to it). The previous state's index recorded
+    # (a running request's; after a hit, the hit state's); null blocks up
+    # to the new state's slot, or to the checkpoint's index just below it;
+    # a running request's speculative blocks before that moved to the end,
+    # a null left in their place (align_rules: 0.30, 0.31 move none in a
+    # checkpoint step, and 0.32 on stop at the checkpoint's index); then the
+    # blocks the table lacks taken -- no more than one (two in a checkpoint
+    # step, and the speculative blocks for a first allocation, or for 0.30,
+    # 0.31's checkpoint step), or vLLM's assertion fails here as there --
+    # and the request marked allocated. Returns what vLLM's returns: the
     # table's new tail, the new blocks included.
-    cdef Py_ssize_t prev = PyList_GET_SIZE(blocks), i
+    cdef Py_ssize_t prev = PyList_GET_SIZE(blocks), i, n, cap, stop
     cdef Py_ssize_t slot = _cdiv(main_tokens, g.block_size) - 1
     cdef bint allocated = PySet_Contains(g.allocated, rid) == 1
+    cdef bint cb = PyDict_Contains(g.ckpts, rid) == 1
     if allocated:
         g.last_state[rid] = prev - 1 - g.nsb
     elif prev > 0:
         g.last_state[rid] = prev - 1
-    if prev < slot:
-        blocks.extend([p.null_block] * (slot - prev))
-    if allocated:
+    if prev < slot - cb:
+        blocks.extend([p.null_block] * (slot - cb - prev))
+    if allocated and (p.align_rules >= 32 or not cb):
+        stop = slot - cb
         for i in range(prev - g.nsb, prev):  # (prev >= nsb: _align_steady)
-            if i >= slot:
+            if i >= stop:
                 break
             blocks.append(<object> PyList_GET_ITEM(blocks, i))
             blocks[i] = p.null_block
-    new = _new_blocks(p, 1 if allocated else 1 + g.nsb)
+    n = slot + 1 + g.nsb - PyList_GET_SIZE(blocks)
+    if n < 0:
+        n = 0
+    cap = 1 + cb
+    if not allocated or (cb and p.align_rules < 32):
+        cap += g.nsb
+    if n > cap:
+        raise AssertionError()  # (vLLM's, after the same padding and moves)
+    new = _new_blocks(p, n) if n > 0 else []
     returned = blocks[prev:]
     blocks.extend(new)
     returned.extend(new)
-    if not allocated:
-        PySet_Add(g.allocated, rid)
+    PySet_Add(g.allocated, rid)
     return returned
 
 
@@ -1493,7 +1593,7 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     cdef _Group g
     cdef Py_ssize_t new_tokens, new_computed, lookahead, reserved, computed, watermark = 0
     cdef Py_ssize_t full_tokens, need, main_tokens, processed, required, i, nnew, ext, total
-    cdef Py_ssize_t enc = 0
+    cdef Py_ssize_t enc = 0, prefill_end = 0
     cdef bint any_new, adopts
     plan = self._kvpool_plan
     if (
@@ -1530,11 +1630,19 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     if total > p.max_model_len:
         total = p.max_model_len
     main_tokens = total + new_tokens
-    if p.has_align and (ext > 0 or not _align_steady(p, rid, main_tokens, new_tokens,
-                                                       full_sequence_must_fit, adopt)) or (
+    if p.has_align and (ext > 0 or not _align_steady(p, rid, main_tokens, adopt)) or (
             p.mamba_hits and adopt is not None):
         p.n_base += 1
         return _VLLM
+    if p.ckpt_prefill_end and p.has_align:
+        # (max(num_prompt_tokens, num_tokens - 1): where the request's
+        # prefill ends, for an align-mode group's checkpoint)
+        if (not _count(request.num_prompt_tokens, &prefill_end)
+                or not _count(request.num_tokens, &i)):
+            p.n_base += 1
+            return _VLLM
+        if i - 1 > prefill_end:
+            prefill_end = i - 1
     # From here on this is vLLM's allocate_slots, in its order.
     if not adopts:
         p.n_fast += 1
@@ -1555,8 +1663,12 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         required = 0
         for i in range(p.ngroups):
             if (<_Group> p.groups[i]).align:
-                required += _align_count(<_Group> p.groups[i], rid, full_tokens,
-                                         None if adopt is None else adopt[i])
+                # (the predictor over the whole sequence from the computed
+                # tokens, capped: its checkpoint decides the count, it is
+                # not recorded)
+                required += _align_count(p, <_Group> p.groups[i], rid, total, full_tokens,
+                                         prefill_end, None if adopt is None else adopt[i],
+                                         False)
                 continue
             required += _group_blocks_to_allocate(
                 <_Group> p.groups[i], rid, full_tokens, enc,
@@ -1576,8 +1688,10 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         g = <_Group> p.groups[i]
         if g.align:
             # (its predictor's count: none, or less than none, summed as
-            # vLLM sums it, or its cap)
-            required += _align_count(g, rid, main_tokens, None if adopt is None else adopt[i])
+            # vLLM sums it, or its cap; the chunk from the computed tokens,
+            # not capped, as vLLM passes them; its checkpoint recorded)
+            required += _align_count(p, g, rid, computed + ext, main_tokens, prefill_end,
+                                     None if adopt is None else adopt[i], True)
             continue
         # (total_computed_tokens: local + external, not capped here)
         required += _group_blocks_to_allocate(
@@ -1591,7 +1705,8 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     any_new = False
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
-        if _group_new_blocks(g, len(_req_blocks(g, rid)), need, main_tokens, enc) > 0:
+        if _group_new_blocks(g, len(_req_blocks(g, rid)), need, main_tokens, enc) > 0 or (
+                g.align and PyDict_Contains(g.ckpts, rid)):
             any_new = True
             break
     if not any_new:
@@ -1604,11 +1719,13 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         g = <_Group> p.groups[i]
         blocks = _req_blocks(g, rid)
         nnew = _group_new_blocks(g, len(blocks), need, main_tokens, enc)
-        if nnew <= 0:
-            new = []
-        elif g.align:
+        if g.align and (nnew > 0 or PyDict_Contains(g.ckpts, rid)):
+            # (a checkpoint step takes vLLM's long path even with blocks
+            # enough; it may return none)
             new = _align_new_blocks(p, g, rid, blocks, main_tokens)
-            any_new = True
+            any_new = any_new or PyList_GET_SIZE(new) > 0
+        elif nnew <= 0:
+            new = []
         else:
             new = _new_blocks(p, nnew)
             blocks.extend(new)

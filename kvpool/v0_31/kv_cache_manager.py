@@ -4,7 +4,9 @@ EAGLE margin reaches at most the lookup's bound (0.32: the hashed tokens),
 a full-attention group's prompt tail ends below ``num_prompt_tokens`` (0.32:
 below ``num_prompt_tokens - 1`` without EAGLE), and
 ``get_num_common_prefix_blocks`` counts the blocks every request holds
-(0.32 answers zeros): the scheduler calls it once a step. Imports vLLM."""
+(0.32 answers zeros): the scheduler calls it once a step; an align-mode
+Mamba group's prefill checkpoint sits on a hash block below the chunk's
+end and its step relocates no speculative block. Imports vLLM."""
 
 from __future__ import annotations
 
@@ -26,3 +28,4 @@ class KVCacheManager(_v0_32.KVCacheManager):
     _kvpool_eagle_margin_to_hashes = False
     _kvpool_tail_index_cdiv = False
     _kvpool_tail_eagle_limit = False
+    _kvpool_align_rules = 31

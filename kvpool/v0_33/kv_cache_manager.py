@@ -146,6 +146,9 @@ class KVCacheManager(_vllm.KVCacheManager):
     #: 0.32 on: a full-attention group's prompt-tail boundary is below
     #: num_prompt_tokens - 1 without EAGLE (0.30, 0.31: num_prompt_tokens).
     _kvpool_tail_eagle_limit = True
+    #: An align-mode Mamba group's prefill checkpoint rules (``plan_for``'s
+    #: ``align_rules``): 32 from 0.32 on, 31 and 30 for those lines.
+    _kvpool_align_rules = 32
 
     @functools.wraps(_vllm.KVCacheManager.__init__)  # its signature, for callers that read it
     def __init__(self, *args, **kwargs) -> None:
@@ -182,6 +185,7 @@ class KVCacheManager(_vllm.KVCacheManager):
             eagle_margin_to_hashes=self._kvpool_eagle_margin_to_hashes,
             tail_index_cdiv=self._kvpool_tail_index_cdiv,
             tail_eagle_limit=self._kvpool_tail_eagle_limit,
+            align_rules=self._kvpool_align_rules,
         )
         self._kvpool_plan = plan
         #: ``None`` when the compiled paths serve this manager, else why not.

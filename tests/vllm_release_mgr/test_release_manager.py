@@ -872,9 +872,8 @@ def test_align_steady_step_counts_below_zero() -> None:
         steps.append(mgr.allocate_slots(req, 1, num_lookahead_tokens=3, reserved_blocks=free + 1))
         results.append([None if s is None else s.get_block_ids() for s in steps])
         if cls is manager_class:
-            # (the prompt, a chunk over a hash block with checkpoint blocks,
-            # is vLLM's; the new state block and the steady step are C's)
+            # (the prompt, the new state block and the steady step: all C's)
             counts = mgr._kvpool_plan.counts if mgr._kvpool_plan is not None else None
-            assert counts is not None and counts["fast"] == 2 and counts["base"] == 1, counts
+            assert counts is not None and counts["fast"] == 3 and counts["base"] == 0, counts
     assert results[0][2] is not None, results[0]
     assert results[1] == results[0]
