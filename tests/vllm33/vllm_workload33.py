@@ -199,7 +199,12 @@ class Group(_v15.Group):
 
 
 def kv_cache_config(w: _v15.Workload) -> Any:
-    return _v15.kv_cache_config(w)
+    config = _v15.kv_cache_config(w)
+    retention = getattr(w, "retention_interval", None)
+    if retention is not None:
+        # (0.30 on; the engine's default is 0, a KVCacheConfig's None)
+        config.prefix_cache_retention_interval = retention
+    return config
 
 
 @dataclass(frozen=True)
@@ -232,6 +237,11 @@ class Workload(_v15.Workload):
     # without the EAGLE drop (``use_eagle_block_drop`` False) and the pool
     # stores each block's lookahead tokens with it.
     hash_lookahead: bool = False
+    # The KV-cache config's prefix_cache_retention_interval (0.30 on): None,
+    # every Mamba state and sliding-window tail kept (a KVCacheConfig's
+    # default); 0, only those a later request can resume at (the engine's
+    # default: its CacheConfig's); n, one per n tokens as well.
+    retention_interval: int | None = None
     # A KV connector (one group whose block is the hash block): an external
     # store keeps the prompt blocks of every finished request, and an
     # admission adopts the stored blocks past its local hit as external

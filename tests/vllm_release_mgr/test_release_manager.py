@@ -299,6 +299,20 @@ if LATE_DRIVER and {"num_prefill_checkpoint_blocks", "prefill_checkpoint_alignme
         groups=(vw.Group("full", 16), vw.Group("mamba", 64, speculative_blocks=3, **ckpt)),
         **eagle,
     )
+    # ... keeping only the states a later request can resume at (the
+    # engine's default retention): a checkpoint only on the chunk that
+    # reaches the prompt's end (0.31 on).
+    WORKLOADS["mamba-ckpt-reachable"] = WORKLOADS["mamba-ckpt"].scaled(
+        name="full attention + Mamba align: prefill checkpoints, reachable states kept",
+        retention_interval=0,
+    )
+    # ... with Mamba blocks of one hash block: a chunk crossing a state
+    # block may checkpoint exactly one hash block past its start.
+    WORKLOADS["mamba16-ckpt"] = WORKLOADS["mamba-ckpt"].scaled(
+        name="full attention + Mamba align of the hash block: prefill checkpoints",
+        groups=(vw.Group("full", 16), vw.Group("mamba", 16, **ckpt)),
+        num_requests=_n(100), token_budget=32, num_blocks=100,
+    )
     # ... and without checkpoint blocks: a running request's chunk that
     # crosses two state blocks or more moves its speculative blocks past the
     # new state's slot (kvpool does it in C).
