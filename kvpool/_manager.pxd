@@ -114,10 +114,9 @@ cdef class ManagerPlan:
     cdef bint cap_at_hashed       # 0.33: cache_blocks stops at the hashed tokens
     cdef bint trims_null_head     # 0.33: free() drops a table's leading null blocks
     cdef bint has_prefill_end     # 0.31 on: get_num_blocks_to_allocate's prefill_end
-    # 0.31 on, with the coordinator's retention_interval 0 (only reachable
-    # states kept): an align-mode checkpoint only on the chunk that reaches
-    # the prefill's end.
-    cdef bint ckpt_prefill_end
+    # An align-mode group reserves prefill checkpoint blocks (its
+    # checkpoint decided per call, see _align_checkpoint).
+    cdef bint align_ckpts
     # An align-mode checkpoint step's rules: 30, 31 or 32 (0.32 on), see
     # _align_count and _align_new_blocks.
     cdef int align_rules

@@ -416,7 +416,7 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
         and getattr(type(coordinator), "get_num_common_prefix_blocks", None) is common_prefix_blocks
     )
     p.has_prefill_end = has_prefill_end
-    p.ckpt_prefill_end = has_prefill_end and coordinator.retention_interval == 0
+    p.align_ckpts = any((<_Group> x).align and (<_Group> x).ckpt_align > 0 for x in groups)
     p.align_rules = align_rules
     p.zero_chunk_adopts = zero_chunk_adopts
     if p.hash_block_size <= 0:
@@ -1456,13 +1456,16 @@ cdef Py_ssize_t _align_checkpoint(ManagerPlan p, _Group g, object rid, list bloc
     # chunk of tokens [start, end), 0 for none (vLLM's position, then its
     # _needs_internal_checkpoint): the last granule boundary at or below
     # end - ckpt_back, one granule lower with EAGLE's drop; kept if the
-    # group reserves checkpoint blocks, the chunk reaches the prefill's end
-    # (0.31 on, see ManagerPlan.ckpt_prefill_end), the backend can export
-    # it -- the chunk starts on a hash block, crosses a state block, and the
-    # position is a hash block past its start, before its end, on the
-    # spec's alignment from its start -- and the block at the checkpoint's
-    # index, cdiv(end, bs) - 2, is not yet the request's own: beyond its
-    # table, null, or one of a running request's speculative blocks.
+    # group reserves checkpoint blocks, the backend can export it -- the
+    # chunk starts on a hash block, crosses a state block, and the position
+    # is a hash block past its start, before its end, on the spec's
+    # alignment from its start -- the chunk reaches the prefill's end
+    # (0.31 on, and only when the coordinator's retention_interval is 0:
+    # just the states a later request can resume at kept; read on each
+    # call, as vLLM reads it, since vLLM's own tests set it on a built
+    # manager), and the block at the checkpoint's index, cdiv(end, bs) - 2,
+    # is not yet the request's own: beyond its table, null, or one of a
+    # running request's speculative blocks.
     # ``blocks``: the group's table of the request (as vLLM's, made).
     cdef Py_ssize_t pos, idx, have, h = p.hash_block_size
     if not g.ckpt_blocks or g.ckpt_align == 0:
@@ -1470,12 +1473,12 @@ cdef Py_ssize_t _align_checkpoint(ManagerPlan p, _Group g, object rid, list bloc
     pos = _floordiv(end - g.ckpt_back, g.ckpt_every) * g.ckpt_every
     if g.ckpt_drop:
         pos -= g.ckpt_every
-    if p.ckpt_prefill_end and end < prefill_end:
-        return 0
     idx = _cdiv(end, g.block_size) - 2
     if not (_mod(start, h) == 0 and idx > _floordiv(start - 1, g.block_size)
             and start + h <= pos and start < pos < end
             and (pos - start) % g.ckpt_align == 0 and idx >= 0):
+        return 0
+    if p.has_prefill_end and end < prefill_end and p.coordinator.retention_interval == 0:
         return 0
     have = PyList_GET_SIZE(blocks)
     if (idx >= have or <object> PyList_GET_ITEM(blocks, idx) is p.null_block
@@ -1634,7 +1637,7 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
             p.mamba_hits and adopt is not None):
         p.n_base += 1
         return _VLLM
-    if p.ckpt_prefill_end and p.has_align:
+    if p.has_prefill_end and p.align_ckpts:
         # (max(num_prompt_tokens, num_tokens - 1): where the request's
         # prefill ends, for an align-mode group's checkpoint)
         if (not _count(request.num_prompt_tokens, &prefill_end)
