@@ -99,8 +99,8 @@ def group_lines(manager) -> list[str]:
         )
         if reason is None and getattr(single, "mamba_cache_mode", None) == "align":
             lines.append(f"{what}: kvpool's compiled paths; vLLM's code for a partial-block "
-                         f"hit (copied on write), a connector's tokens and a prefill "
-                         f"checkpoint (mamba_cache_mode 'align'){lookup}")
+                         f"hit (copied on write) and a connector's tokens "
+                         f"(mamba_cache_mode 'align'){lookup}")
         elif reason is None and getattr(single, "mamba_cache_mode", None) is not None \
                 and single.enable_caching:
             # (0.30/0.31's mode "all", or "none" with caching on)

@@ -156,8 +156,7 @@ CACHING = {
                           "max_num_batched_tokens": 32, **NEMOTRONH},
 }
 ALIGN_SERVED = ("MambaManager: kvpool's compiled paths; vLLM's code for a partial-block hit "
-                "(copied on write), a connector's tokens and a prefill checkpoint "
-                "(mamba_cache_mode 'align')")
+                "(copied on write) and a connector's tokens (mamba_cache_mode 'align')")
 
 caching_runs = scenario_runs(MAMBA_BASE, CACHING)
 

@@ -793,7 +793,7 @@ def test_each_group_says_what_serves_it(caplog: pytest.LogCaptureFixture) -> Non
     }
     if "mamba-cow" in WORKLOADS:
         steady = ("kvpool's compiled paths; vLLM's code for a partial-block hit (copied on "
-                  "write), a connector's tokens and a prefill checkpoint (mamba_cache_mode 'align')")
+                  "write) and a connector's tokens (mamba_cache_mode 'align')")
         expected["mamba-cow"] = [("FullAttentionSpec", "FullAttentionManager", compiled + lookup),
                                  ("MambaSpec", "MambaManager", steady + lookup)]
     if "full+ring" in WORKLOADS:
