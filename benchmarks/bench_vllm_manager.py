@@ -57,6 +57,7 @@ from contextlib import contextmanager
 
 import vllm
 import vllm.envs
+from vllm.v1 import kv_cache_interface
 from vllm.v1.core import block_pool as vllm_block_pool
 from vllm.v1.core import kv_cache_coordinator, single_type_kv_cache_manager
 
@@ -152,6 +153,15 @@ if hasattr(vw.FULL, "spec_tokens"):  # the 0.26+ driver: speculative decoding
         WORKLOADS["mamba-align"] = vw.FULL.scaled(
             name="full attention + 3 Mamba groups (Qwen3-Next's layout), mamba_cache_mode align",
             groups=(vw.Group("full", 16), align, align, align), metrics_sample_rate=None,
+        )
+    # ... with prefill checkpoints (a backend that exports a state inside a
+    # chunk): a chunk crossing a state boundary keeps one more state block.
+    if "num_prefill_checkpoint_blocks" in getattr(
+            kv_cache_interface.MambaSpec, "__dataclass_fields__", ()):  # (0.30 on)
+        ckpt = vw.Group("mamba", 64, checkpoint_blocks=1, checkpoint_alignment=16)
+        WORKLOADS["mamba-ckpt"] = vw.FULL.scaled(
+            name="full attention + 3 Mamba groups, mamba_cache_mode align, prefill checkpoints",
+            groups=(vw.Group("full", 16), ckpt, ckpt, ckpt), metrics_sample_rate=None,
         )
     # ... and in 0.30/0.31's deprecated mode "all": every 16-token block's
     # state cached (the "none" code with prefix caching on).
