@@ -127,7 +127,7 @@ cdef class ManagerPlan:
     cdef bint has_align           # a Mamba group in "align" mode (see _Group.align)
     cdef bint mamba_hits          # a Mamba group caching outside "align" (0.30, 0.31: its hits are vLLM's)
     # What the hybrid coordinator's cacheable tokens of a group depend on
-    # (see _align_tail_idle): its scheduler block, whether partial hash
+    # (see _hybrid_cacheable): its scheduler block, whether partial hash
     # hits are on (no rounding then).
     cdef Py_ssize_t sched_block
     cdef bint partial_hits

@@ -298,7 +298,6 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
             g.nsb = mgr.num_speculative_blocks
             g.ckpt_blocks = bool(mgr.has_prefill_checkpoint_blocks)
             g.extra_tokens = 0
-            g.use_eagle = bool(mgr.use_eagle)
             alignment = getattr(mgr.kv_cache_spec, "prefill_checkpoint_alignment", None)
             if mgr.has_prefill_checkpoint_blocks and alignment is not None and not (
                     isinstance(alignment, int) and alignment > 0):
@@ -342,8 +341,7 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
             and cls.reachable_block_mask.__func__ is base_single.reachable_block_mask.__func__
         )
         g.partial_tail = full_like and g.block_size != pool.hash_block_size
-        if g.partial_tail:
-            g.use_eagle = bool(mgr.use_eagle)  # (its prompt-tail boundary)
+        g.use_eagle = bool(mgr.use_eagle)  # (its cacheable tokens, its prompt-tail boundary)
         g.record_ids = bool(mgr._record_new_block_ids)
         # estimate_cached_tokens counts its blocks: a prefix-cacheable spec
         # that is not cross-attention or encoder-only.
@@ -367,7 +365,7 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     p.tail_eagle_limit = tail_eagle_limit
     p.partial_hits = bool(getattr(coordinator, "enable_partial_hash_hits", False))
     p.sched_block = 1
-    if type(coordinator) is hybrid_cls and p.has_align:
+    if type(coordinator) is hybrid_cls:
         p.sched_block = coordinator.scheduler_block_size
         if p.sched_block <= 0:
             return None, "a scheduler block size that is not positive"
@@ -931,25 +929,29 @@ cdef int _free_early(ManagerPlan p, object rid, Py_ssize_t processed, object pro
 cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens,
                 bint cap_at_num_tokens) except -1:
     # The coordinator's cache_blocks(request, num_tokens): nothing when no
-    # group has a block to cache; with one full-attention group (the unitary
-    # coordinator), what its manager's cache_blocks does -- the pool's
-    # cache_full_blocks over the new full blocks, then the cached count --
-    # called here; in any other case the coordinator's own method.
+    # group has a block to cache; when those that do are full-attention
+    # groups whose block is the hash block, what their managers'
+    # cache_blocks do -- the pool's cache_full_blocks over the new full
+    # blocks, then the cached count -- called here, group by group in the
+    # coordinator's order; in any other case the coordinator's own method.
     #
-    # A group caches only when its full blocks pass its cached ones. The
-    # unitary coordinator hands it num_tokens - num_reprefillable_tokens;
-    # the hybrid one at most num_tokens (it aligns them down, per release),
-    # an upper bound, so there a True only costs vLLM's call. A full-attention
-    # group whose block is larger than the hash block may register a partial
-    # tail on any step: vLLM's code always decides for it.
+    # A group caches only when its full blocks pass its cached ones, over
+    # its cacheable tokens: the unitary coordinator hands it num_tokens -
+    # num_reprefillable_tokens, the hybrid one its own count
+    # (_hybrid_cacheable); 0.33 caps them at the request's hashed tokens.
+    # A full-attention group whose block is larger than the hash block may
+    # register a partial tail on any step, and an align-mode Mamba group
+    # may cache a partial tail or re-key a checkpoint: vLLM's code decides
+    # for them whenever that is not provably nothing.
     #
     # With ``cap_at_num_tokens`` (allocate_slots), ``num_tokens`` is capped
     # at the request's ``num_tokens`` first -- read only if a group could
     # cache without the cap (a decode step seldom fills a block).
     cdef _Group g
-    cdef _Group todo = None
-    cdef Py_ssize_t cacheable, full, cached, hashed
-    cdef Py_ssize_t todo_cached = 0, todo_full = 0
+    cdef Py_ssize_t cacheable, full, cached, hashed = -1, i, ntodo = 0
+    cdef Py_ssize_t todo_cached[64]
+    cdef Py_ssize_t todo_full[64]
+    cdef int todo_index[64]
     cdef PyObject *entry
     if cap_at_num_tokens:
         if _nothing_to_cache(p, rid, num_tokens):
@@ -958,20 +960,24 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
         cached = request.num_tokens
         if cached < num_tokens:
             num_tokens = cached
-    cacheable = num_tokens
-    if not p.hybrid:
-        cacheable -= p.reprefillable
-    if cacheable < 0:
-        cacheable = 0
     if p.cap_at_hashed:
         hashed = len(request.block_hashes) * p.hash_block_size
-        if hashed < cacheable:
-            cacheable = hashed
-    for g in p.groups:
+    if p.ngroups > 64:
+        return _cache_in_vllm(p, request, num_tokens)
+    for i in range(p.ngroups):
+        g = <_Group> p.groups[i]
         if not g.caches:
             continue
         if g.align and not _align_tail_idle(p, g, request, rid, num_tokens):
             return _cache_in_vllm(p, request, num_tokens)
+        if p.hybrid:
+            cacheable = _hybrid_cacheable(p, g, num_tokens)
+        else:
+            cacheable = num_tokens - p.reprefillable
+            if cacheable < 0:
+                cacheable = 0
+        if 0 <= hashed < cacheable:
+            cacheable = hashed
         full = _floordiv(cacheable, g.block_size)
         entry = PyDict_GetItemWithError(g.ncb, rid)
         if entry == NULL:
@@ -982,29 +988,33 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
             # (a partial-tail group's full blocks first: caching them may
             # promote its tail block's partial key, which its tail step then
             # registers again)
-            if not g.direct_cache or p.hybrid or todo is not None or g.partial_tail:
+            if not g.direct_cache or g.partial_tail:
                 return _cache_in_vllm(p, request, num_tokens)
-            todo, todo_cached, todo_full = g, cached, full
+            todo_index[ntodo] = i
+            todo_cached[ntodo] = cached
+            todo_full[ntodo] = full
+            ntodo += 1
         elif g.partial_tail and not _full_tail_idle(p, g, request, rid):
             return _cache_in_vllm(p, request, num_tokens)
-    if todo is None:
+    if ntodo == 0:
         p.n_cache_skips += 1
         return 0
     p.n_cache_direct += 1
-    if p.core_caches and todo.block_size == p.hash_block_size:
-        _core_caches(p, todo, request, _req_blocks(todo, rid), todo_cached, todo_full)
-        todo.ncb[rid] = todo_full
-        return 0
-    p.pool.cache_full_blocks(
-        request=request,
-        blocks=_req_blocks(todo, rid),
-        num_cached_blocks=todo_cached,
-        num_full_blocks=todo_full,
-        block_size=todo.block_size,
-        kv_cache_group_id=todo.group_id,
-        block_mask=None,
-    )
-    todo.ncb[rid] = todo_full
+    for i in range(ntodo):
+        g = <_Group> p.groups[todo_index[i]]
+        if p.core_caches and g.block_size == p.hash_block_size:
+            _core_caches(p, g, request, _req_blocks(g, rid), todo_cached[i], todo_full[i])
+        else:
+            p.pool.cache_full_blocks(
+                request=request,
+                blocks=_req_blocks(g, rid),
+                num_cached_blocks=todo_cached[i],
+                num_full_blocks=todo_full[i],
+                block_size=g.block_size,
+                kv_cache_group_id=g.group_id,
+                block_mask=None,
+            )
+        g.ncb[rid] = todo_full[i]
     return 0
 
 
@@ -1148,6 +1158,24 @@ cdef bint _full_tail_idle(ManagerPlan p, _Group g, object request, object rid) e
     return hit == <PyObject *> block
 
 
+cdef inline Py_ssize_t _hybrid_cacheable(ManagerPlan p, _Group g, Py_ssize_t num_tokens) noexcept:
+    # The hybrid coordinator's cacheable tokens of a group when it caches
+    # ``num_tokens`` (get_num_cacheable_tokens; 0.30, 0.31 inline it alike):
+    # rounded down to the scheduler block unless partial hash hits are on;
+    # an EAGLE group's one block further, within its finalized tokens (less
+    # the re-prefillable ones).
+    cdef Py_ssize_t n, fin, s = p.sched_block
+    n = num_tokens if p.partial_hits else _floordiv(num_tokens, s) * s
+    if g.use_eagle and n > 0:
+        fin = num_tokens - p.reprefillable
+        if fin < 0:
+            fin = 0
+        n = (fin if p.partial_hits else _floordiv(fin, s) * s) + g.block_size
+        if fin < n:
+            n = fin
+    return n
+
+
 cdef bint _align_tail_idle(ManagerPlan p, _Group g, object request, object rid,
                            Py_ssize_t num_tokens) except -1:
     # Whether an align-mode Mamba group's partial-tail step would do nothing
@@ -1159,19 +1187,11 @@ cdef bint _align_tail_idle(ManagerPlan p, _Group g, object request, object rid,
     # it), or the block it would key is beyond the table or null (a state
     # already freed: a decode step's usual case). Its base part is _cache's
     # full-block test, as any group's.
-    cdef Py_ssize_t n, fin, prompt, b, s = p.sched_block
+    cdef Py_ssize_t n, prompt, b
     if PyDict_Contains(g.ckpts, rid):
         return False
     if p.hybrid:
-        # (get_num_cacheable_tokens; 0.30, 0.31 inline it alike)
-        n = num_tokens if p.partial_hits else _floordiv(num_tokens, s) * s
-        if g.use_eagle and n > 0:
-            fin = num_tokens - p.reprefillable
-            if fin < 0:
-                fin = 0
-            n = (fin if p.partial_hits else _floordiv(fin, s) * s) + g.block_size
-            if fin < n:
-                n = fin
+        n = _hybrid_cacheable(p, g, num_tokens)
     else:
         n = num_tokens - p.reprefillable
     if n <= 0:

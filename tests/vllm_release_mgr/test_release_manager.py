@@ -214,6 +214,20 @@ if LATE_DRIVER:
         WORKLOADS["connector+ring"] = vw.HYBRID.scaled(
             name="KV connector, full + a circular buffer", num_requests=_n(300),
             num_blocks=NUM_BLOCKS, **connector, **ring)
+        # ... with multi-module MTP: the hybrid coordinator's cacheable
+        # tokens rounded down to the ring's 64-token scheduler block, an
+        # EAGLE group's one block further within its finalized tokens; the
+        # full-attention group's caching steps done in C.
+        WORKLOADS["mtp+full+ring"] = vw.HYBRID.scaled(
+            name="multi-module MTP, full + a circular buffer", num_requests=_n(200),
+            num_blocks=NUM_BLOCKS, **ring, **eagle, multi_module_mtp=True)
+        if vw.HASH_LOOKAHEAD:
+            # ... with lookahead block hashes (0.33 on): a group caches no
+            # further than the request's hashed tokens.
+            WORKLOADS["eagle-lookahead+full+ring"] = vw.HYBRID.scaled(
+                name="EAGLE, lookahead block hashes, full + a circular buffer",
+                num_requests=_n(200), num_blocks=NUM_BLOCKS, **ring, **eagle,
+                hash_lookahead=True)
         # ... beside full attention and a sliding window, the ring's block
         # the hash block: the lookup is the simple hybrid's, the ring left
         # out (with EAGLE's drop, and the window's extra block).
@@ -258,6 +272,14 @@ if LATE_DRIVER:
             name="multi-module MTP, lookahead block hashes, full + sliding window of "
                  "64-token blocks, small chunks",
             hash_lookahead=True, token_budget=32, num_blocks=40, **eagle, multi_module_mtp=True)
+    # Two full-attention groups of one block size and different specs (an
+    # EAGLE draft whose layers differ from the target's): the hybrid
+    # coordinator's caching step fills a block in both at once, each cached
+    # in C.
+    WORKLOADS["eagle+draft-spec"] = vw.HYBRID.scaled(
+        name="EAGLE, full attention + a draft's full attention of another spec",
+        groups=(vw.Group("full", 16), vw.Group("full", 16, dtype="bfloat16")),
+        num_requests=_n(200), num_blocks=NUM_BLOCKS, **eagle)
     WORKLOADS["mamba-cow"] = vw.FULL.scaled(
         name="full attention + Mamba align: partial hits, copy-on-write",
         groups=(vw.Group("full", 64), vw.Group("mamba", 64)),
@@ -648,11 +670,13 @@ def test_kvpool_manager_against_vllm(workload: vw.Workload, request: pytest.Fixt
                 # attention, with EAGLE's drop and the window's extra block;
                 # a circular buffer's group takes no part, and beside full
                 # attention alone its block may make the hits' alignment
-                # coarser); with another block size, by vLLM's code.
+                # coarser); with another block size, or two full-attention
+                # specs (vLLM's fixed-point loop), by vLLM's code.
                 looked_up = [g for g in workload.groups if g.kind not in ("ring", "kpool-tail")]
                 if all(g.block_size == workload.hash_block_size for g in looked_up) and (
                         len(looked_up) == 1
-                        or workload.scheduler_block_size == workload.hash_block_size):
+                        or workload.scheduler_block_size == workload.hash_block_size) and (
+                        sum(g.kind == "full" for g in looked_up) <= 1):
                     assert counts["lookups"] > 0, counts
                 else:
                     assert counts["lookups"] == 0, counts
