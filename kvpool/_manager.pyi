@@ -38,6 +38,7 @@ def plan_for(
     kpool_tail_cls: type | None = None,
     tail_index_cdiv: bool = True,
     tail_eagle_limit: bool = True,
+    align_rules: int = 32,
 ) -> tuple[ManagerPlan, None] | tuple[None, str]: ...
 def refresh(self: Any) -> None: ...
 def allocate_slots(
