@@ -1486,9 +1486,10 @@ cdef Py_ssize_t _align_checkpoint(ManagerPlan p, _Group g, object rid, list bloc
     # manager), and the block at the checkpoint's index, cdiv(end, bs) - 2,
     # is not yet the request's own: beyond its table, null, or one of a
     # running request's speculative blocks.
-    # ``blocks``: the group's table of the request (as vLLM's, made).
+    # ``blocks``: the group's table of the request (as vLLM's, made);
+    # ``prefill_end``: read by _allocate only for a chunk that can keep one.
     cdef Py_ssize_t pos, idx, have, h = p.hash_block_size
-    if not g.ckpt_blocks or g.ckpt_align == 0:
+    if g.ckpt_align == 0:  # (set only for a group with checkpoint blocks)
         return 0
     pos = _floordiv(end - g.ckpt_back, g.ckpt_every) * g.ckpt_every
     if g.ckpt_drop:
@@ -1505,6 +1506,18 @@ cdef Py_ssize_t _align_checkpoint(ManagerPlan p, _Group g, object rid, list bloc
             or (PySet_Contains(g.allocated, rid) == 1 and idx >= have - g.nsb)):
         return pos
     return 0
+
+
+cdef inline Py_ssize_t _align_cap(ManagerPlan p, _Group g, bint allocated, bint cb):
+    # vLLM's cap on the blocks an align-mode group takes in one call, the
+    # one rule its predictor and its allocate_new_blocks share: one, a
+    # checkpoint's block more (``cb``), and the speculative blocks for a
+    # request that has had none (not ``allocated``) or, on 0.30 and 0.31, in
+    # a checkpoint step.
+    cdef Py_ssize_t cap = 1 + cb
+    if not allocated or (cb and p.align_rules < 32):
+        cap += g.nsb
+    return cap
 
 
 cdef Py_ssize_t _align_count(ManagerPlan p, _Group g, object rid, Py_ssize_t start,
@@ -1539,9 +1552,7 @@ cdef Py_ssize_t _align_count(ManagerPlan p, _Group g, object rid, Py_ssize_t sta
             del g.ckpts[rid]
     if n > 0:
         allocated = PySet_Contains(g.allocated, rid) == 1
-        cap = 1 + cb
-        if not allocated or (cb and p.align_rules < 32):
-            cap += g.nsb
+        cap = _align_cap(p, g, allocated, cb)
         if p.align_rules == 30:
             if not (cb and allocated):
                 n = cap
@@ -1569,7 +1580,7 @@ cdef list _align_new_blocks(ManagerPlan p, _Group g, object rid, list blocks,
     # 0.31's checkpoint step), or vLLM's assertion fails here as there --
     # and the request marked allocated. Returns what vLLM's returns: the
     # table's new tail, the new blocks included.
-    cdef Py_ssize_t prev = PyList_GET_SIZE(blocks), i, n, cap, stop
+    cdef Py_ssize_t prev = PyList_GET_SIZE(blocks), i, n, stop
     cdef Py_ssize_t slot = _cdiv(main_tokens, g.block_size) - 1
     cdef bint allocated = PySet_Contains(g.allocated, rid) == 1
     cdef bint cb = PyDict_Contains(g.ckpts, rid) == 1
@@ -1589,10 +1600,7 @@ cdef list _align_new_blocks(ManagerPlan p, _Group g, object rid, list blocks,
     n = slot + 1 + g.nsb - PyList_GET_SIZE(blocks)
     if n < 0:
         n = 0
-    cap = 1 + cb
-    if not allocated or (cb and p.align_rules < 32):
-        cap += g.nsb
-    if n > cap:
+    if n > _align_cap(p, g, allocated, cb):
         raise AssertionError()  # (vLLM's, after the same padding and moves)
     new = _new_blocks(p, n) if n > 0 else []
     returned = blocks[prev:]
@@ -1657,9 +1665,14 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
             p.mamba_hits and adopt is not None):
         p.n_base += 1
         return _VLLM
-    if p.has_prefill_end and p.align_ckpts:
+    if p.has_prefill_end and p.align_ckpts and (
+            new_tokens > p.hash_block_size or full_sequence_must_fit):
         # (max(num_prompt_tokens, num_tokens - 1): where the request's
-        # prefill ends, for an align-mode group's checkpoint)
+        # prefill ends, for an align-mode group's checkpoint; read, or the
+        # call handed to vLLM, before anything changes. A checkpoint lies a
+        # hash block or more past the chunk's start, so a step's chunk of
+        # no more than a hash block -- every decode step -- has none, and
+        # only the full-sequence count looks past it.)
         if (not _count(request.num_prompt_tokens, &prefill_end)
                 or not _count(request.num_tokens, &i)):
             p.n_base += 1
