@@ -154,6 +154,7 @@ cdef class ManagerPlan:
     cdef Py_ssize_t n_fast        # allocate_slots done here, adopting nothing
     cdef Py_ssize_t n_adopt       # ... adopting a prefix-cache hit
     cdef Py_ssize_t n_external    # ... adopting a connector's external tokens (and any hit)
+    cdef Py_ssize_t n_cow         # ... of them, adopting a partial hit (copied on write)
     cdef Py_ssize_t n_base        # allocate_slots handed to vLLM's method
     cdef Py_ssize_t n_cache_calls # coordinator.cache_blocks called from here
     cdef Py_ssize_t n_cache_direct  # pool.cache_full_blocks called from here

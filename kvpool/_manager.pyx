@@ -18,9 +18,9 @@ other case to vLLM's own code. Why this shape:
   ``KVCacheManager`` whose hot methods are the functions below
   (docs/manager.md lists them and when each hands a call to vLLM).
 * Exact by construction: a call is decided before anything changes. If any
-  input is outside the case handled here (a partial-block prefix hit, a
-  partial-hit copy-on-write pending, a connector's external tokens for a
-  request that already holds blocks, a non-int argument, ...) the whole
+  input is outside the case handled here (a partial-block prefix hit in a
+  ring group, a connector's external tokens for a request that already
+  holds blocks or beside a partial hit, a non-int argument, ...) the whole
   call goes to vLLM's method unchanged. Inside the case, the
   rare steps with real work -- blocks leaving the window, new blocks filling
   up -- call the same vLLM methods vLLM's own path would, with the same
@@ -131,11 +131,12 @@ cdef class ManagerPlan:
 
     @property
     def counts(self):
-        """``{"fast": ..., "adopt": ..., "external": ..., "base": ...,
+        """``{"fast": ..., "adopt": ..., "external": ..., "base": ..., "cow": ...,
         "cache_calls": ..., "cache_direct": ..., "cache_skips": ...}``:
         ``allocate_slots`` calls done in C (adopting no computed blocks,
         adopting a prefix-cache hit, adopting a KV connector's external
-        tokens) and handed to vLLM's method; caching steps (of both entry points) that called the
+        tokens; ``cow``: of those, adopting a hit that ends inside a block,
+        copied on write) and handed to vLLM's method; caching steps (of both entry points) that called the
         coordinator, called the pool's ``cache_full_blocks`` from here, or
         found nothing to cache; prefix-cache lookups and common-prefix counts
         (0.30, 0.31) done here; ``BlockStored`` events of plain requests
@@ -145,6 +146,7 @@ cdef class ManagerPlan:
             "adopt": self.n_adopt,
             "external": self.n_external,
             "base": self.n_base,
+            "cow": self.n_cow,
             "cache_calls": self.n_cache_calls,
             "cache_direct": self.n_cache_direct,
             "cache_skips": self.n_cache_skips,
@@ -765,22 +767,23 @@ cdef inline Py_ssize_t _group_new_blocks(_Group g, Py_ssize_t have, Py_ssize_t t
 
 cdef inline Py_ssize_t _group_blocks_to_allocate(_Group g, object rid, Py_ssize_t tokens,
                                                  Py_ssize_t enc, object new_computed,
-                                                 Py_ssize_t total_computed,
+                                                 Py_ssize_t total_computed, Py_ssize_t local,
                                                  bint admission_cap) except -1:
     # The coordinator's get_num_blocks_to_allocate, for one group: a
     # cross-attention group's over the encoder's tokens, none computed.
     if g.cross:
-        return _num_blocks_to_allocate(g, rid, enc, None, 0, admission_cap)
+        return _num_blocks_to_allocate(g, rid, enc, None, 0, 0, admission_cap)
     return _num_blocks_to_allocate(g, rid, tokens + g.extra_tokens, new_computed,
-                                   total_computed, admission_cap)
+                                   total_computed, local, admission_cap)
 
 
 cdef Py_ssize_t _num_blocks_to_allocate(_Group g, object rid, Py_ssize_t num_tokens,
                                         object new_computed, Py_ssize_t total_computed,
-                                        bint admission_cap) except -1:
-    # SingleTypeKVCacheManager.get_num_blocks_to_allocate for a request
-    # without a partial local hit (the caller checked): ``new_computed`` is
-    # this group's list of new computed blocks, or None for none.
+                                        Py_ssize_t num_local, bint admission_cap) except -1:
+    # SingleTypeKVCacheManager.get_num_blocks_to_allocate: ``new_computed``
+    # is this group's list of new computed blocks, or None for none;
+    # ``num_local`` the local computed tokens (a hit ending inside a block, a
+    # partial hit, counts the block its copy-on-write takes).
     cdef Py_ssize_t required = _cdiv(num_tokens, g.block_size)
     cdef Py_ssize_t have = 0, skipped = 0, local, n, i, nnew = 0, evictable = 0
     cdef PyObject *blocks
@@ -813,6 +816,8 @@ cdef Py_ssize_t _num_blocks_to_allocate(_Group g, object rid, Py_ssize_t num_tok
         if block.ref_cnt == 0 and not block.is_null:
             evictable += 1
         i += 1
+    if nnew > 0 and _mod(num_local, g.block_size) != 0:
+        n += 1
     return n + evictable
 
 
@@ -1214,21 +1219,28 @@ cdef int _cache_in_vllm(ManagerPlan p, object request, Py_ssize_t num_tokens) ex
 
 
 cdef object _to_adopt(ManagerPlan p, object rid, object new_computed_blocks,
-                      Py_ssize_t num_local_computed):
+                      Py_ssize_t num_local_computed, bint *partial):
     # What allocate_slots adopts: None when vLLM skips
     # allocate_new_computed_blocks (no blocks given, or the manager's empty
     # ones), else the tuple of per-group lists; _VLLM for a case left to
-    # vLLM (a running request given empty lists, a partial local hit, a
-    # partial-hit copy-on-write pending, blocks that are not a tuple of
-    # lists). Where vLLM's code would fail an assert (hits for a running
-    # request, for a request that has blocks already, or with caching off),
-    # a ValueError here, before anything changed.
+    # vLLM (a running request given empty lists, a partial-hit copy-on-write
+    # pending, blocks that are not a tuple of lists, a partial local hit
+    # _cow_ok does not take). Where vLLM's code would fail an assert (hits
+    # for a running request, for a request that has blocks already, or with
+    # caching off), a ValueError here, before anything changed. ``partial``
+    # is set when a group's hit ends inside a block (a partial hit, copied
+    # on write), or a running request's copy-on-write is pending.
     cdef _Group g
     cdef Py_ssize_t i
     cdef PyObject *have
     for g in p.groups:
         if PyDict_Contains(g.phr, rid):
-            return _VLLM
+            # (a running request's, from an align-mode group's prompt-tail
+            # step: copied on write by _align_new_blocks; _align_steady
+            # checks the rest)
+            if not (g.align and PySet_Contains(g.allocated, rid) == 1):
+                return _VLLM
+            partial[0] = True
     if new_computed_blocks is None:
         return None
     blocks = new_computed_blocks.blocks
@@ -1263,9 +1275,28 @@ cdef object _to_adopt(ManagerPlan p, object rid, object new_computed_blocks,
             if not g.caching:
                 raise ValueError(
                     f"prefix caching is off: request {rid!r} cannot adopt computed blocks")
-            if num_local_computed % g.block_size != 0:
-                return _VLLM
+            if _mod(num_local_computed, g.block_size) != 0:
+                if not _cow_ok(g, group_blocks, num_local_computed):
+                    return _VLLM
+                partial[0] = True
     return blocks
+
+
+cdef bint _cow_ok(_Group g, list hits, Py_ssize_t num_local_computed) except -1:
+    # Whether a group's partial local hit (``hits`` not empty, ending inside
+    # a block) is one done here: the base class's adoption and
+    # copy-on-write, and what vLLM asserts of it holds -- the hit's last
+    # block, not null, is the one at the hit's block index once the skipped
+    # blocks (a window's) are nulls. A ring group's manager has its own
+    # methods, and a hit all skipped would count a block it never takes:
+    # vLLM's code.
+    cdef Py_ssize_t n = PyList_GET_SIZE(hits)
+    if g.ring or g.cross:
+        return False
+    if _floordiv(_skipped_tokens(g, num_local_computed), g.block_size) >= n:
+        return False
+    return (num_local_computed // g.block_size == n - 1
+            and not (<object> PyList_GET_ITEM(hits, n - 1)).is_null)
 
 
 cdef bint _takes_external(ManagerPlan p, object rid) except -1:
@@ -1287,7 +1318,8 @@ cdef int _adopt(ManagerPlan p, object rid, object blocks, Py_ssize_t num_local_c
                 Py_ssize_t ext, object skip_zeroing) except -1:
     # The coordinator's allocate_new_computed_blocks: each group's
     # add_local_computed_blocks (the checks of _to_adopt passed: no blocks
-    # yet, no partial hit; ``blocks`` None: no local ones), then with
+    # yet; ``blocks`` None: no local ones) -- a partial hit recorded for
+    # its copy-on-write, the cached count at the hit's block -- then with
     # external tokens each group's allocate_external_computed_blocks -- two
     # passes, so that no group's new blocks evict another's hits.
     cdef _Group g
@@ -1307,6 +1339,10 @@ cdef int _adopt(ManagerPlan p, object rid, object blocks, Py_ssize_t num_local_c
             req_blocks.extend([p.null_block] * skipped)
         req_blocks.extend(new)
         g.ncb[rid] = len(req_blocks)
+        if len(new) > 0 and _mod(num_local_computed, g.block_size) != 0:
+            i = num_local_computed // g.block_size
+            g.phr[rid] = (i, new[len(new) - 1])
+            g.ncb[rid] = i
     if ext <= 0:
         return 0
     for i in range(p.ngroups):
@@ -1398,11 +1434,9 @@ cdef object _VLLM = object()
 
 cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
                         object adopt) except -1:
-    # Whether, for a call with no external tokens and no partial hit (the
-    # caller checked; ``adopt``: _to_adopt's hits, or None), every
-    # align-mode Mamba group's part of allocate_slots is one of those done
-    # here. Its last predictor set no checkpoint, and this step sets none
-    # either. Then:
+    # Whether, for a call with no external tokens (the caller checked;
+    # ``adopt``: _to_adopt's hits, or None), every align-mode Mamba group's
+    # part of allocate_slots is one of those done here. Then:
     # - the request has had its blocks (_allocated_block_reqs) and its
     #   table already holds cdiv(main_tokens, bs) + num_speculative_blocks
     #   blocks: vLLM counts no new block and takes allocate_new_blocks'
@@ -1419,13 +1453,18 @@ cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
     #   block kept, nulls before it) it records the hit state's index, pads
     #   the table with null blocks up to the new state's slot and takes
     #   that many. A hit whose state block was cached in this very step is
-    #   refused by vLLM's count (the state is not there yet): vLLM's code.
+    #   refused by the count (the state is not there yet: _align_count).
     # A prefill checkpoint changes each case: the predictor decides it
     # (_align_checkpoint) and records or drops it, the count allows one
     # block more, and the allocation keeps a real block at the
-    # checkpoint's index (see _align_count, _align_new_blocks). A
-    # checkpoint left by the last step's predictor is this step's
-    # predictor's to record again or drop, before anything reads it.
+    # checkpoint's index. A checkpoint left by the last step's predictor
+    # is this step's predictor's to record again or drop, before anything
+    # reads it. A copy-on-write does too: a new request's partial hit
+    # (_to_adopt, _cow_ok), or a running request's pending one that its
+    # prompt-tail step recorded (checked here: _cow_pending_ok) -- one
+    # block more, the first taken (_apply_cow, _running_cow). What is left
+    # to vLLM here: a running request whose speculative blocks to move are
+    # not writable, or a table that is not what vLLM's asserts expect.
     # (_align_count and _align_new_blocks do what vLLM's code does.)
     cdef _Group g
     cdef int member
@@ -1442,12 +1481,6 @@ cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
             if entry != NULL and not (PyList_CheckExact(<object> entry)
                                       and PyList_GET_SIZE(<object> entry) == 0):
                 return False
-            if adopt is not None:
-                hits = <object> PyTuple_GET_ITEM(adopt, k)
-                if (PyList_GET_SIZE(hits) > 0
-                        and hits[PyList_GET_SIZE(hits) - 1].block_hash
-                        in g.mgr.cached_blocks_this_step):
-                    return False
             continue
         if member != 1:
             return False
@@ -1455,6 +1488,9 @@ cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
         if table is None:
             return False
         have = PyList_GET_SIZE(table)
+        entry = PyDict_GetItemWithError(g.phr, rid)
+        if entry != NULL and not _cow_pending_ok(g, rid, table, <object> entry):
+            return False
         slot = _cdiv(main_tokens, g.block_size) - 1
         if g.nsb == 0 or slot + 1 + g.nsb <= have:
             continue
@@ -1467,6 +1503,23 @@ cdef bint _align_steady(ManagerPlan p, object rid, Py_ssize_t main_tokens,
             if not p.pool.is_block_writable(<object> PyList_GET_ITEM(table, i)):
                 return False
     return True
+
+
+cdef bint _cow_pending_ok(_Group g, object rid, list table, object hit) except -1:
+    # Whether a running request's pending copy-on-write (``hit``, its
+    # prompt-tail step's (block index, source block)) is what vLLM asserts:
+    # the source is the table's block at that index, and the producer's
+    # tail, if recorded, is that block.
+    cdef Py_ssize_t idx
+    if not (PyTuple_CheckExact(hit) and PyTuple_GET_SIZE(hit) == 2
+            and _count(<object> PyTuple_GET_ITEM(hit, 0), &idx)
+            and 0 <= idx < PyList_GET_SIZE(table)
+            and <object> PyList_GET_ITEM(table, idx) is <object> PyTuple_GET_ITEM(hit, 1)):
+        return False
+    tail = g.mgr._producer_partial_tail_reqs.get(rid)
+    return tail is None or (PyTuple_CheckExact(tail) and PyTuple_GET_SIZE(tail) == 2
+                            and <object> PyTuple_GET_ITEM(tail, 0)
+                            is <object> PyTuple_GET_ITEM(hit, 1))
 
 
 cdef Py_ssize_t _align_checkpoint(ManagerPlan p, _Group g, object rid, list blocks,
@@ -1508,13 +1561,15 @@ cdef Py_ssize_t _align_checkpoint(ManagerPlan p, _Group g, object rid, list bloc
     return 0
 
 
-cdef inline Py_ssize_t _align_cap(ManagerPlan p, _Group g, bint allocated, bint cb):
+cdef inline Py_ssize_t _align_cap(ManagerPlan p, _Group g, bint allocated, bint cb,
+                                  bint partial):
     # vLLM's cap on the blocks an align-mode group takes in one call, the
     # one rule its predictor and its allocate_new_blocks share: one, a
-    # checkpoint's block more (``cb``), and the speculative blocks for a
-    # request that has had none (not ``allocated``) or, on 0.30 and 0.31, in
-    # a checkpoint step.
-    cdef Py_ssize_t cap = 1 + cb
+    # block more for a partial hit's copy-on-write (``partial``) and for a
+    # checkpoint (``cb``), and the speculative blocks for a request that has
+    # had none (not ``allocated``) or, on 0.30 and 0.31, in a checkpoint
+    # step.
+    cdef Py_ssize_t cap = 1 + partial + cb
     if not allocated or (cb and p.align_rules < 32):
         cap += g.nsb
     return cap
@@ -1522,27 +1577,35 @@ cdef inline Py_ssize_t _align_cap(ManagerPlan p, _Group g, bint allocated, bint 
 
 cdef Py_ssize_t _align_count(ManagerPlan p, _Group g, object rid, Py_ssize_t start,
                              Py_ssize_t main_tokens, Py_ssize_t prefill_end, object hits,
-                             bint record) except? -1:
+                             bint partial, bint record) except? -1:
     # An align-mode group's get_num_blocks_to_allocate in the cases of
     # _align_steady (``hits``: its list of the hit's blocks, or None), for
-    # the chunk from ``start`` to ``main_tokens``: the blocks its table and
-    # the hit lack (none, or less than none), capped at one for a request
-    # that has had its blocks, at 1 + num_speculative_blocks for one that
-    # has not, a checkpoint's block more (align_rules: 0.30, 0.31 count
-    # the speculative blocks for a checkpoint step too; 0.30 assigns the
-    # cap, and leaves a running request's checkpoint step uncapped); then
-    # the hit's blocks that leave the free queue when touched (every one of
-    # them, as vLLM's count, though the adoption keeps only the last). Its
-    # table is looked up as vLLM's predictor does: a request without one
-    # gets an empty one. ``record`` (not the admission's count): the
-    # checkpoint is recorded in _checkpoints, or dropped from it.
-    cdef list blocks = _req_blocks(g, rid)
-    cdef Py_ssize_t n = _cdiv(main_tokens, g.block_size) + g.nsb - PyList_GET_SIZE(blocks)
-    cdef Py_ssize_t i, nhits = 0, pos, cap
+    # the chunk from ``start`` to ``main_tokens``. A hit whose last block
+    # was cached in this very step is refused first: more blocks than the
+    # pool has, nothing recorded. Else the blocks its table and the hit
+    # lack (none, or less than none; with a copy-on-write, ``partial``, at
+    # least none, and one more), capped (_align_cap; align_rules: 0.30
+    # assigns the cap, and leaves a running request's checkpoint step
+    # uncapped); then the hit's blocks that leave the free queue when
+    # touched (every one of them, as vLLM's count, though the adoption
+    # keeps only the last). Its table is looked up as vLLM's predictor
+    # does: a request without one gets an empty one. ``record`` (not the
+    # admission's count): the checkpoint is recorded in _checkpoints, or
+    # dropped from it.
+    cdef list blocks
+    cdef Py_ssize_t n, i, nhits = 0, pos, cap
     cdef bint allocated, cb
     if hits is not None:
         nhits = PyList_GET_SIZE(hits)
-        n -= nhits
+        if nhits > 0 and (<object> PyList_GET_ITEM(hits, nhits - 1)).block_hash \
+                in g.mgr.cached_blocks_this_step:
+            # (vLLM's refusal of a hit on a state cached in this very step:
+            # more blocks than the pool has, nothing recorded)
+            return p.pool.num_gpu_blocks + 1
+    blocks = _req_blocks(g, rid)
+    n = _cdiv(main_tokens, g.block_size) + g.nsb - PyList_GET_SIZE(blocks) - nhits
+    if partial:
+        n = (n if n > 0 else 0) + 1
     pos = _align_checkpoint(p, g, rid, blocks, start, main_tokens, prefill_end)
     cb = pos > 0
     if record:
@@ -1552,7 +1615,7 @@ cdef Py_ssize_t _align_count(ManagerPlan p, _Group g, object rid, Py_ssize_t sta
             del g.ckpts[rid]
     if n > 0:
         allocated = PySet_Contains(g.allocated, rid) == 1
-        cap = _align_cap(p, g, allocated, cb)
+        cap = _align_cap(p, g, allocated, cb, partial)
         if p.align_rules == 30:
             if not (cb and allocated):
                 n = cap
@@ -1568,22 +1631,25 @@ cdef Py_ssize_t _align_count(ManagerPlan p, _Group g, object rid, Py_ssize_t sta
 cdef list _align_new_blocks(ManagerPlan p, _Group g, object rid, list blocks,
                             Py_ssize_t main_tokens):
     # An align-mode group's allocate_new_blocks past its fast path (a table
-    # short of blocks, or a checkpoint recorded), with no partial hit
-    # (_align_steady has seen to it). The previous state's index recorded
+    # short of blocks, a checkpoint recorded, or a new request's partial
+    # hit; a running request's pending copy-on-write is vLLM's:
+    # _align_steady has seen to it). The previous state's index recorded
     # (a running request's; after a hit, the hit state's); null blocks up
     # to the new state's slot, or to the checkpoint's index just below it;
     # a running request's speculative blocks before that moved to the end,
     # a null left in their place (align_rules: 0.30, 0.31 move none in a
     # checkpoint step, and 0.32 on stop at the checkpoint's index); then the
-    # blocks the table lacks taken -- no more than one (two in a checkpoint
-    # step, and the speculative blocks for a first allocation, or for 0.30,
-    # 0.31's checkpoint step), or vLLM's assertion fails here as there --
-    # and the request marked allocated. Returns what vLLM's returns: the
-    # table's new tail, the new blocks included.
+    # blocks the table lacks taken -- no more than _align_cap allows, or
+    # vLLM's assertion fails here as there -- and the request marked
+    # allocated. A partial hit (_adopt recorded it) takes a block more, the
+    # first, which takes the hit block's place (_apply_cow). Returns what
+    # vLLM's returns: the copy-on-write block, the table's new tail, the
+    # new blocks.
     cdef Py_ssize_t prev = PyList_GET_SIZE(blocks), i, n, stop
     cdef Py_ssize_t slot = _cdiv(main_tokens, g.block_size) - 1
     cdef bint allocated = PySet_Contains(g.allocated, rid) == 1
     cdef bint cb = PyDict_Contains(g.ckpts, rid) == 1
+    cdef PyObject *hit = PyDict_GetItemWithError(g.phr, rid)
     if allocated:
         g.last_state[rid] = prev - 1 - g.nsb
     elif prev > 0:
@@ -1600,14 +1666,83 @@ cdef list _align_new_blocks(ManagerPlan p, _Group g, object rid, list blocks,
     n = slot + 1 + g.nsb - PyList_GET_SIZE(blocks)
     if n < 0:
         n = 0
-    if n > _align_cap(p, g, allocated, cb):
+    n += hit != NULL
+    if n > _align_cap(p, g, allocated, cb, hit != NULL):
         raise AssertionError()  # (vLLM's, after the same padding and moves)
     new = _new_blocks(p, n) if n > 0 else []
     returned = blocks[prev:]
+    if hit != NULL:
+        cow = <object> PyList_GET_ITEM(new, 0)
+        if allocated:
+            _running_cow(p, g, rid, blocks, <object> hit, cow)  # (hit: g.phr's until below)
+        else:
+            _apply_cow(g, blocks, <object> hit, cow)
+            returned.insert(0, cow)
+        del new[0]
+        del g.phr[rid]
     blocks.extend(new)
     returned.extend(new)
     PySet_Add(g.allocated, rid)
     return returned
+
+
+cdef int _running_cow(ManagerPlan p, _Group g, object rid, list blocks, object hit,
+                      object cow) except -1:
+    # An align-mode group's copy-on-write for a running request (its
+    # prompt-tail step recorded ``hit``; _cow_pending_ok checked it before
+    # anything changed, and vLLM's asserts are made again here, where
+    # vLLM's are, in case its own frees moved the table since): the
+    # request stays on its source block (a running table is append-only for
+    # the worker), and the cache's entries move to ``cow`` instead, the copy
+    # queued; the source holds a reference more until it has run. A
+    # producer's boundary state, now in ``cow``, is handed to the connector,
+    # and a same-step hit on the moved entry is deferred.
+    idx, source = hit
+    if not (0 <= idx < PyList_GET_SIZE(blocks) and blocks[idx] is source):
+        raise AssertionError()
+    p.pool.move_block_hashes(source, cow)
+    mgr = g.mgr
+    mgr._pending_cow_copies.append((source, cow))
+    source.ref_cnt += 1
+    tail = mgr._producer_partial_tail_reqs.pop(rid, None)
+    if tail is not None:
+        if tail[0] is not source:
+            raise AssertionError()
+        mgr._pending_boundary_state_offloads.append((rid, g.group_id, cow, tail[1]))
+    if cow.block_hash is not None:
+        mgr.cached_blocks_this_step.add(cow.block_hash)
+    return 0
+
+
+cdef int _apply_cow(_Group g, list blocks, object hit, object cow) except -1:
+    # The base class's _apply_cow for a new request's partial hit ``hit``
+    # (its (block index, source block), _adopt's): ``cow`` takes the
+    # source's place in the table, the copy is queued, and ``cow`` holds a
+    # reference more until the copy has run (vLLM's asserts are _cow_ok's).
+    idx, source = hit
+    blocks[idx] = cow
+    g.mgr._pending_cow_copies.append((source, cow))
+    cow.ref_cnt += 1
+    return 0
+
+
+cdef list _cow_new_blocks(ManagerPlan p, _Group g, object rid, list blocks, Py_ssize_t nnew):
+    # The base class's allocate_new_blocks for a new request with a partial
+    # hit: its copy-on-write block taken first, on its own, and its id
+    # recorded for zeroing (whatever the group records), then ``nnew``
+    # blocks as on any step.
+    hit = g.phr.pop(rid)
+    cow = _new_blocks(p, 1)[0]
+    _apply_cow(g, blocks, hit, cow)
+    g.mgr.new_block_ids.append(cow.block_id)
+    if nnew <= 0:
+        return [cow]
+    new = _new_blocks(p, nnew)
+    blocks.extend(new)
+    if g.record_ids:
+        g.mgr.new_block_ids.extend([b.block_id for b in new])
+    new.insert(0, cow)
+    return new
 
 
 cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
@@ -1625,7 +1760,7 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     cdef Py_ssize_t new_tokens, new_computed, lookahead, reserved, computed, watermark = 0
     cdef Py_ssize_t full_tokens, need, main_tokens, processed, required, i, nnew, ext, total
     cdef Py_ssize_t enc = 0, prefill_end = 0
-    cdef bint any_new, adopts
+    cdef bint any_new, adopts, partial = False
     plan = self._kvpool_plan
     if (
         plan is None
@@ -1649,11 +1784,12 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     p = <ManagerPlan> plan
     computed += new_computed  # num_local_computed_tokens
     rid = request.request_id
-    adopt = _to_adopt(p, rid, new_computed_blocks, computed)
+    adopt = _to_adopt(p, rid, new_computed_blocks, computed, &partial)
     # (a hit to adopt: _to_adopt has seen the request hold no blocks and not
-    # run, what _takes_external checks)
-    if adopt is _VLLM or (ext > 0 and adopt is None and not _takes_external(p, rid)) or (
-            p.has_cross and (adopt is not None or ext > 0)):
+    # run, what _takes_external checks; a partial hit's adoption here takes
+    # no external tokens)
+    if adopt is _VLLM or (ext > 0 and (partial or adopt is None and not _takes_external(p, rid))
+                          ) or (p.has_cross and (adopt is not None or ext > 0)):
         p.n_base += 1
         return _VLLM
     adopts = adopt is not None or ext > 0
@@ -1704,11 +1840,11 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
                 # not recorded)
                 required += _align_count(p, <_Group> p.groups[i], rid, total, full_tokens,
                                          prefill_end, None if adopt is None else adopt[i],
-                                         False)
+                                         _partial_in(p, i, rid, adopt, computed, partial), False)
                 continue
             required += _group_blocks_to_allocate(
                 <_Group> p.groups[i], rid, full_tokens, enc,
-                None if adopt is None else adopt[i], total, True)
+                None if adopt is None else adopt[i], total, computed, True)
         if required + watermark > _free_blocks(p):
             return None
     need = main_tokens + lookahead
@@ -1727,13 +1863,16 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
             # vLLM sums it, or its cap; the chunk from the computed tokens,
             # not capped, as vLLM passes them; its checkpoint recorded)
             required += _align_count(p, g, rid, computed + ext, main_tokens, prefill_end,
-                                     None if adopt is None else adopt[i], True)
+                                     None if adopt is None else adopt[i],
+                                     _partial_in(p, i, rid, adopt, computed, partial), True)
             continue
         # (total_computed_tokens: local + external, not capped here)
         required += _group_blocks_to_allocate(
-            g, rid, need, enc, None if adopt is None else adopt[i], computed + ext, False)
+            g, rid, need, enc, None if adopt is None else adopt[i], computed + ext, computed,
+            False)
     if required + watermark > _free_blocks(p) - reserved:
         return None
+    p.n_cow += partial
     if adopts:
         _adopt(p, rid, adopt, computed, ext, skip_zeroing)
     # The coordinator's allocate_new_blocks (no group needing a block is
@@ -1742,7 +1881,8 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     for i in range(p.ngroups):
         g = <_Group> p.groups[i]
         if _group_new_blocks(g, len(_req_blocks(g, rid)), need, main_tokens, enc) > 0 or (
-                g.align and PyDict_Contains(g.ckpts, rid)):
+                g.align and PyDict_Contains(g.ckpts, rid)) or (
+                partial and PyDict_Contains(g.phr, rid)):
             any_new = True
             break
     if not any_new:
@@ -1755,11 +1895,15 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         g = <_Group> p.groups[i]
         blocks = _req_blocks(g, rid)
         nnew = _group_new_blocks(g, len(blocks), need, main_tokens, enc)
-        if g.align and (nnew > 0 or PyDict_Contains(g.ckpts, rid)):
+        if g.align and (nnew > 0 or PyDict_Contains(g.ckpts, rid)
+                        or partial and PyDict_Contains(g.phr, rid)):
             # (a checkpoint step takes vLLM's long path even with blocks
             # enough; it may return none)
             new = _align_new_blocks(p, g, rid, blocks, main_tokens)
             any_new = any_new or PyList_GET_SIZE(new) > 0
+        elif partial and PyDict_Contains(g.phr, rid):
+            new = _cow_new_blocks(p, g, rid, blocks, nnew)
+            any_new = True
         elif nnew <= 0:
             new = []
         else:
@@ -1774,6 +1918,19 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         # min(main_tokens, request.num_tokens)
         _cache(p, request, rid, main_tokens, True)
     return p.kv_cache_blocks(result) if any_new else p.empty
+
+
+cdef inline bint _partial_in(ManagerPlan p, Py_ssize_t i, object rid, object adopt,
+                             Py_ssize_t local, bint partial) except -1:
+    # Whether group i copies a block on write in this call: its hit, adopted
+    # in this call, ends inside its block, or a running request's copy is
+    # pending (the count, at least, is an align-mode group's).
+    cdef _Group g = <_Group> p.groups[i]
+    if not partial:
+        return False
+    if adopt is None:
+        return PyDict_Contains(g.phr, rid) == 1
+    return PyList_GET_SIZE(adopt[i]) > 0 and _mod(local, g.block_size) != 0
 
 
 cdef list _new_blocks(ManagerPlan p, Py_ssize_t n):
@@ -2367,7 +2524,7 @@ def coordinator_get_num_blocks_to_allocate(self, request_id, num_tokens, new_com
     admission_cap = bool(apply_admission_cap)
     for g in p.groups:
         required += _group_blocks_to_allocate(<_Group> g, request_id, tokens, enc, None, total,
-                                              admission_cap)
+                                              0, admission_cap)
     return required
 
 

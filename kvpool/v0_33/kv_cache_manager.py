@@ -98,9 +98,8 @@ def group_lines(manager) -> list[str]:
             f"{type(single).__name__}"
         )
         if reason is None and getattr(single, "mamba_cache_mode", None) == "align":
-            lines.append(f"{what}: kvpool's compiled paths; vLLM's code for a partial-block "
-                         f"hit (copied on write) and a connector's tokens "
-                         f"(mamba_cache_mode 'align'){lookup}")
+            lines.append(f"{what}: kvpool's compiled paths; vLLM's code for a connector's "
+                         f"tokens (mamba_cache_mode 'align'){lookup}")
         elif reason is None and getattr(single, "mamba_cache_mode", None) is not None \
                 and single.enable_caching:
             # (0.30/0.31's mode "all", or "none" with caching on)

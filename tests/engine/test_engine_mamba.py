@@ -155,8 +155,8 @@ CACHING = {
     "nemotronh-caching": {"prefix_caching": True, "events": True, "num_blocks": 80,
                           "max_num_batched_tokens": 32, **NEMOTRONH},
 }
-ALIGN_SERVED = ("MambaManager: kvpool's compiled paths; vLLM's code for a partial-block hit "
-                "(copied on write) and a connector's tokens (mamba_cache_mode 'align')")
+ALIGN_SERVED = ("MambaManager: kvpool's compiled paths; vLLM's code for a connector's tokens "
+                "(mamba_cache_mode 'align')")
 
 caching_runs = scenario_runs(MAMBA_BASE, CACHING)
 

@@ -290,7 +290,9 @@ if LATE_DRIVER:
         num_prefixes=6,
         arrivals_per_step=2,
         repeat_every=3,
-        num_blocks=400,
+        # A pool tight enough that admissions are refused by a block: a
+        # count short of a partial hit's copy-on-write block shows.
+        num_blocks=150,
         metrics_sample_rate=0.5,
     )
 
@@ -577,11 +579,6 @@ _MANAGER_NAME_MODULE = importlib.import_module("vllm.v1.core.sched.scheduler")
 # back to vLLM's code for the reason named.
 _FALLBACK: dict[str, str] = {}
 
-#: Align-mode workloads whose admissions with a hit are done in C (no
-#: checkpoint blocks; hits of whole state blocks among theirs).
-_ALIGN_HITS_IN_C = frozenset({"mamba-cow", "eagle+mamba-long-chunks"})
-
-
 def kvpool_manager_class() -> type:
     """kvpool's manager of this release's line; a skip where it has none (or
     the compiled core is missing: the manager paths are compiled only)."""
@@ -643,13 +640,16 @@ def test_kvpool_manager_against_vllm(workload: vw.Workload, request: pytest.Fixt
             assert counts["fast"] > counts["base"], counts
             align = any(g.kind == "mamba" and g.mamba_mode == "align" for g in workload.groups)
             if align:
-                # A Mamba group in "align" mode: steps that set no checkpoint
-                # are done in C -- a hit of whole state blocks adopted on
-                # admission (without checkpoint blocks) among them; every
-                # lookup is vLLM's code.
+                # A Mamba group in "align" mode: every allocate_slots call is
+                # done in C -- hits adopted on admission, and a hit ending
+                # inside a block (a partial hit, where a block is larger than
+                # the hash block) copied on write, a new request's or a
+                # running one's after its prompt-tail step; every lookup is
+                # vLLM's code.
                 assert counts["lookups"] == 0, counts
-                if key in _ALIGN_HITS_IN_C:
-                    assert counts["adopt"] > 0, counts
+                assert counts["base"] == 0 and counts["adopt"] > 0, counts
+                if any(g.block_size > workload.hash_block_size for g in workload.groups):
+                    assert counts["cow"] > 0, counts
                 assert counts["cache_calls"] > 0, counts
             elif any(g.kind == "mamba" for g in workload.groups) and workload.enable_caching:
                 # ... in 0.30/0.31's mode "all": the steps of running
@@ -816,8 +816,8 @@ def test_each_group_says_what_serves_it(caplog: pytest.LogCaptureFixture) -> Non
                              ("SlidingWindowSpec", "SlidingWindowManager", compiled + lookup)],
     }
     if "mamba-cow" in WORKLOADS:
-        steady = ("kvpool's compiled paths; vLLM's code for a partial-block hit (copied on "
-                  "write) and a connector's tokens (mamba_cache_mode 'align')")
+        steady = ("kvpool's compiled paths; vLLM's code for a connector's tokens "
+                  "(mamba_cache_mode 'align')")
         expected["mamba-cow"] = [("FullAttentionSpec", "FullAttentionManager", compiled + lookup),
                                  ("MambaSpec", "MambaManager", steady + lookup)]
     if "full+ring" in WORKLOADS:
