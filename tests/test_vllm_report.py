@@ -118,10 +118,12 @@ LAYERS = {
     "kvpool.vllm.releases": set(),
     "kvpool.vllm.events": set(),
     "kvpool.vllm._rebind": set(),
+    "kvpool.vllm.logs": set(),
     "kvpool.vllm.manager": {"kvpool.vllm._rebind"},
     "kvpool.vllm.hasher": {"kvpool.vllm._rebind", "kvpool.vllm.releases"},
     "kvpool.vllm.installer": {"kvpool.vllm._rebind", "kvpool.vllm.releases",
-                              "kvpool.vllm.hasher", "kvpool.vllm.manager"},
+                              "kvpool.vllm.hasher", "kvpool.vllm.manager",
+                              "kvpool.vllm.logs"},
 }
 
 

@@ -36,7 +36,8 @@ kvpool there too (this needs kvpool pip-installed, for its entry point;
 The modules: ``releases`` (the registry: lines, releases, what each puts
 in), ``installer`` (install, uninstall, the plugin), ``events`` (the pool
 queueing vLLM's event classes), ``hasher`` and ``manager`` (each rebinds one
-name of vLLM's), ``__main__`` (the report). vLLM is imported when one of them
+name of vLLM's), ``logs`` (kvpool's lines in vLLM's log), ``__main__`` (the
+report). vLLM is imported when one of them
 is called, never by ``import kvpool`` or ``import kvpool.vllm``, and is not a
 dependency of the core package.
 """

@@ -25,6 +25,7 @@ from typing import Any
 
 from . import releases
 from .hasher import install_hasher, uninstall_hasher
+from .logs import join_vllm_logging
 from .manager import install_manager, uninstall_manager
 from .releases import ENV_VAR, UnsupportedVLLMVersionError, vllm_line, vllm_version
 
@@ -87,6 +88,8 @@ def _install(*, force: bool, export: str) -> bool:
         from kvpool import USING_EXTENSION
 
         modules = _target_modules()
+        # (vLLM's logging is set up once its modules are imported.)
+        join_vllm_logging()
         for module in modules:
             _originals[module] = module.BlockPool
         for module in modules:
@@ -182,8 +185,13 @@ def plugin() -> None:
     same vLLM reaches the same verdict, and one that somehow did not would
     still start); where it was left out, ``0``, so that an engine whose front
     end and engine core both load plugins says it once, not once a
-    process."""
+    process.
+
+    kvpool's lines (this WARNING, the install line, what the manager serves)
+    go to vLLM's log, as vLLM's own do (``kvpool.vllm.logs``)."""
     value = os.environ.get(ENV_VAR, "").strip().lower()
+    if value in (*ON, "force", "auto"):
+        join_vllm_logging()
     if value == "force":
         install(force=True)
     elif value in ON:
