@@ -13,8 +13,14 @@ can fail (``N:G``: every Nth hit in KV-cache group G only);
 ``KVPOOL_ENGINE_LEAKY=1`` one that keeps every block list it hands
 out, to prove the soak run's flatness check can fail;
 ``KVPOOL_ENGINE_KEEP_EAGLE_BLOCK=1`` kvpool's manager with an EAGLE lookup
-that keeps the last hit block, to prove the EAGLE comparison sees the drop.
-A scenario's ``speculative_config`` turns speculative decoding on.
+that keeps the last hit block, to prove the EAGLE comparison sees the drop;
+``KVPOOL_ENGINE_NO_LOG_JOIN=1`` kvpool's lines kept out of vLLM's log.
+A scenario's ``speculative_config`` turns speculative decoding on,
+``async_scheduling`` vLLM's ``AsyncScheduler`` (the GPU default; in-process
+engine core only, ``async_scheduling_on_cpu``), ``scheduling_policy``
+"priority" priority scheduling (each request its own priority), and
+``vllm_logging`` leaves vLLM's logging as vLLM sets it up (standard output)
+instead of sending kvpool's lines to a file.
 """
 
 from __future__ import annotations
@@ -295,6 +301,24 @@ def install_shared_mamba_state() -> None:
     scheduler.KVCacheManager = SharesMambaState
 
 
+def install_drops_placeholder_slots() -> None:
+    """Install kvpool, then rebind the scheduler's KVCacheManager to kvpool's
+    manager allocating no slots for a request's output placeholders
+    (``KVPOOL_ENGINE_BROKEN_MANAGER=placeholders``: ``num_new_tokens`` less
+    them, at least one): under the async scheduler with drafts, a decode
+    step's draft tokens get no KV slots. The synchronous scheduler has no
+    placeholders, so only the async tests can see it."""
+    scheduler, base = _installed_manager()
+
+    class DropsPlaceholderSlots(base):  # type: ignore[misc, valid-type]
+        def allocate_slots(self, request, num_new_tokens, *args, **kwargs):
+            return super().allocate_slots(
+                request, max(1, num_new_tokens - request.num_output_placeholders),
+                *args, **kwargs)
+
+    scheduler.KVCacheManager = DropsPlaceholderSlots
+
+
 def install_keeps_eagle_block() -> None:
     """Install kvpool, then rebind the scheduler's KVCacheManager to kvpool's
     manager whose prefix-cache lookup reads an empty EAGLE drop set, so it
@@ -461,12 +485,75 @@ def _window(spec) -> int | None:
     return window if window is not None else getattr(spec, "attention_chunk_size", None)
 
 
+def async_scheduling_on_cpu() -> None:
+    """Let vLLM's ``AsyncScheduler`` run this (in-process) CPU engine: the
+    test's stand-in, never kvpool's. vLLM's CPU platform turns
+    ``async_scheduling`` off ("not required on CPU"): keep the configured
+    value past that check. The async output copy
+    (``AsyncGPUModelRunnerOutput``) records a CUDA event and copies on a
+    CUDA stream, which CPU torch lacks: stand in no-ops for
+    ``torch.cuda.Event``, ``current_stream`` and ``stream`` (the copies are
+    then plain, finished CPU copies; the CPU model runner already stands in
+    for ``torch.Event`` and ``torch.cuda.Stream`` the same way)."""
+    import contextlib
+
+    import torch
+    from vllm.platforms import cpu
+
+    platform = cpu.CpuPlatform
+    check = platform.check_and_update_config.__func__
+
+    def check_and_update_config(cls, vllm_config):
+        configured = vllm_config.scheduler_config.async_scheduling
+        check(cls, vllm_config)
+        vllm_config.scheduler_config.async_scheduling = configured
+
+    platform.check_and_update_config = classmethod(check_and_update_config)
+
+    class Event:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def record(self, *args, **kwargs) -> None:
+            pass
+
+        def synchronize(self) -> None:
+            pass
+
+        def wait(self, *args, **kwargs) -> None:
+            pass
+
+        def query(self) -> bool:
+            return True
+
+    class Stream:
+        def wait_stream(self, *args, **kwargs) -> None:
+            pass
+
+        def synchronize(self) -> None:
+            pass
+
+    torch.cuda.Event = Event
+    torch.cuda.current_stream = lambda *args, **kwargs: Stream()
+    torch.cuda.stream = lambda *args, **kwargs: contextlib.nullcontext()
+
+
 def main() -> None:
     model_dir, scenario_path, out_path = sys.argv[1:4]
     scenario = json.loads(Path(scenario_path).read_text())
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if scenario.get("multiprocess") else "0"
     kvpool_log = Path(out_path).with_suffix(".kvpool.log")
-    os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(_logging_config(kvpool_log))
+    if not scenario.get("vllm_logging"):
+        # (``vllm_logging``: vLLM's own logging setup, to standard output)
+        os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(_logging_config(kvpool_log))
+    if os.environ.get("KVPOOL_ENGINE_NO_LOG_JOIN"):
+        # The planted fault of the logging tests: kvpool's lines kept out
+        # of vLLM's log (in this process; the plugin's install() joins here).
+        import kvpool.vllm.installer as installer
+
+        installer.join_vllm_logging = lambda: False
+    if scenario.get("async_scheduling"):
+        async_scheduling_on_cpu()
     from vllm import LLM, SamplingParams
     from vllm.config import KVEventsConfig
     from vllm.inputs import TokensPrompt
@@ -482,6 +569,8 @@ def main() -> None:
             install_broken_manager(0)
         elif broken == "mamba":
             install_shared_mamba_state()
+        elif broken == "placeholders":
+            install_drops_placeholder_slots()
         else:
             install_broken_manager(int(broken))
     if os.environ.get("KVPOOL_ENGINE_KEEP_EAGLE_BLOCK"):
@@ -494,6 +583,8 @@ def main() -> None:
     if collector is not None:
         collector.start()
     kwargs = {}
+    if scenario.get("async_scheduling"):
+        kwargs["async_scheduling"] = True
     if scenario.get("kv_connector"):
         # A KV connector (vLLM's ExampleConnector: prompts' KV saved to and
         # loaded from files), its store private to this run.
@@ -529,6 +620,7 @@ def main() -> None:
         seed=0,
         # Speculative decoding (n-gram, an EAGLE draft model, MTP).
         speculative_config=scenario.get("speculative_config"),
+        scheduling_policy=scenario.get("scheduling_policy", "fcfs"),
         **kwargs,
     )
     # (true: the sliding-window managers; a name: those of that class)
@@ -570,7 +662,12 @@ def main() -> None:
             profiler.enable()
         requests = whisper_prompts(scenario) if whisper else [
             TokensPrompt(prompt_token_ids=p) for p in prompts(scenario, wave)]
-        results = llm.generate(requests, params, use_tqdm=False)
+        extra = {}
+        if scenario.get("scheduling_policy") == "priority":
+            # Each request its own priority (0-3: lower runs first), so that
+            # admission order and preemption follow them, not arrival.
+            extra["priority"] = [(i * 7 + wave) % 4 for i in range(len(requests))]
+        results = llm.generate(requests, params, use_tqdm=False, **extra)
         if profiler is not None:
             profiler.disable()
         # Kept as JSON text (not tracked by the collector), so that the live
@@ -600,7 +697,7 @@ def main() -> None:
                            "vllm:external_prefix_cache_hits",
                            "vllm:external_prefix_cache_queries"):
             metrics[metric.name] = getattr(metric, "value", None)
-    pool_class = kv_groups = manager_class = manager_counts = hasher = None
+    pool_class = kv_groups = manager_class = manager_counts = hasher = scheduler_class = None
     fallback = use_eagle = None
     if not scenario.get("multiprocess"):
         core = llm.llm_engine.engine_core.engine_core
@@ -609,6 +706,7 @@ def main() -> None:
         built = getattr(core, "request_block_hasher", None)
         hasher = None if built is None else "kvpool" if getattr(built, "kvpool", False) else "vllm"
         scheduler = core.scheduler
+        scheduler_class = type(scheduler).__name__
         pool = scheduler.kv_cache_manager.block_pool
         pool_class = f"{type(pool).__module__}.{type(pool).__qualname__}"
         manager = scheduler.kv_cache_manager
@@ -645,6 +743,8 @@ def main() -> None:
         "metrics": metrics,
         "events": collector.take() if collector is not None else None,
         "pool_class": pool_class,
+        # The engine core's scheduler: Scheduler, or AsyncScheduler.
+        "scheduler_class": scheduler_class,
         "manager_class": manager_class,
         "hasher": hasher,
         "manager_counts": manager_counts,
