@@ -63,14 +63,26 @@ def kvpool_entry_point() -> importlib.metadata.EntryPoint:
 
 @pytest.fixture(autouse=True)
 def no_leftover_install(monkeypatch: pytest.MonkeyPatch):
-    """Every test starts and ends with vLLM's own pool in place and
-    KVPOOL_VLLM unset (a conftest imports this to make it autouse there)."""
+    """Every test starts and ends with vLLM's own pool in place, KVPOOL_VLLM
+    unset and the ``kvpool`` logger as it was (a conftest imports this to
+    make it autouse there). ``plugin()`` and ``install()`` join that logger
+    to vLLM's handlers with ``propagate`` off (``kvpool.vllm.logs``), once
+    per process; left joined, a later test's ``caplog`` (a handler on the
+    root logger) would never see kvpool's records."""
+    import logging
+
     import kvpool.vllm as kv_vllm
 
     kv_vllm.uninstall()
     monkeypatch.delenv("KVPOOL_VLLM", raising=False)
+    kvpool_logger = logging.getLogger("kvpool")
+    handlers = list(kvpool_logger.handlers)
+    level, propagate = kvpool_logger.level, kvpool_logger.propagate
     yield
     kv_vllm.uninstall()
+    kvpool_logger.handlers[:] = handlers
+    kvpool_logger.setLevel(level)
+    kvpool_logger.propagate = propagate
 
 
 # Where every release names the pool class it builds (the coordinator builds
