@@ -18,6 +18,11 @@ import pytest
 from _vllm_helpers import STRICT, check_expected_release, check_strict_core
 from _vllm_helpers import no_leftover_install as no_leftover_install  # autouse
 
+# The scheduler differential (test_release_scheduler.py) builds vLLM
+# configs, which infer a device: this machine's CPU (set before vLLM loads
+# its platform).
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
 # The two manager drivers, importable by module name (as in their own
 # directories).
 _TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
