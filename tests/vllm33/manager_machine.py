@@ -80,7 +80,13 @@ from _release_driver import Features, check_invariants, pool_state
 from _vllm_helpers import pool_in_vllm
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 from vllm.lora.request import LoRARequest
 from vllm.distributed import kv_events as vllm_kv_events
 from vllm.v1.core import block_pool as vllm_block_pool
@@ -96,6 +102,8 @@ __all__ = [
     "MISMATCH",
     "ManagerMachine",
     "assert_served",
+    "run_until_served",
+    "unserved",
     "broken_machine_settings",
     "delays_caching",
     "machine_for",
@@ -905,19 +913,48 @@ def broken_machine_settings(max_examples: int) -> settings:
     )
 
 
-def assert_served(machine: type[ManagerMachine]) -> None:
-    """After a run: the compiled paths served calls themselves (``fast``) and
-    handed calls to vLLM's code (``base``), so both sides of each decision
-    were compared; with caching they cached blocks (through vLLM's
-    coordinator, or, for one full-attention group, the pool directly),
-    adopted prefix-cache hits, and skipped caching where no full-attention
-    block is larger than the hash block (such a group may register a partial
-    tail on any call: vLLM's code decides)."""
+def unserved(machine: type[ManagerMachine]) -> list[str]:
+    """What a run has not exercised yet, of what ``assert_served`` asks: the
+    compiled paths served calls themselves (``fast``) and handed calls to
+    vLLM's code (``base``), so both sides of each decision were compared;
+    with caching they cached blocks (through vLLM's coordinator, or, for one
+    full-attention group, the pool directly), adopted prefix-cache hits, and
+    skipped caching where no full-attention block is larger than the hash
+    block (such a group may register a partial tail on any call: vLLM's code
+    decides)."""
     counts = machine.totals
-    assert counts["fast"] > 0 and counts["base"] > 0, counts
+    missing = [name for name in ("fast", "base") if counts[name] == 0]
     if machine.caching:
-        assert counts["cache_calls"] + counts["cache_direct"] > 0, counts
-        assert counts["adopt"] > 0, counts
+        if counts["cache_calls"] + counts["cache_direct"] == 0:
+            missing.append("cache_calls")
+        if counts["adopt"] == 0:
+            missing.append("adopt")
         groups, hash_block_size = LAYOUTS[machine.layout]
         if all(g.block_size == hash_block_size for g in groups if g.kind == "full"):
-            assert counts["cache_skips"] > 0, counts
+            if counts["cache_skips"] == 0:
+                missing.append("cache_skips")
+    return missing
+
+
+def assert_served(machine: type[ManagerMachine]) -> None:
+    """After a run: nothing ``unserved`` names is missing."""
+    missing = unserved(machine)
+    assert not missing, f"never exercised: {', '.join(missing)}; {machine.totals}"
+
+
+def run_until_served(machine: type[ManagerMachine], examples: int, rounds: int = 3) -> None:
+    """Run the machine for ``examples`` examples, then for twice as many, and
+    so on up to ``rounds`` runs, until ``unserved`` names nothing; then
+    ``assert_served``. Hypothesis draws partly from the constants of the
+    modules imported so far (its local-constants provider reads every module
+    outside site-packages, vLLM's source tree among them), so a
+    deterministic run's examples change with what else the session
+    imported: a fixed example count may miss a rare path in one session and
+    hit it in another. Every example of every round is compared as usual."""
+    for round_ in range(rounds):
+        run_state_machine_as_test(
+            machine, settings=settings(settings(), max_examples=examples << round_)
+        )
+        if not unserved(machine):
+            break
+    assert_served(machine)

@@ -12,7 +12,7 @@ docstring lists the configurations, operations and comparisons).
   the compiled paths must have served calls themselves
   (``_kvpool_plan.counts["fast"]``) and handed calls to vLLM's code
   (``base``), so that both sides of each decision were compared
-  (``manager_machine.assert_served``);
+  (``manager_machine.run_until_served``);
 - ``test_state_machine_under_dev_mode``: the same in ``python -X dev``;
 - ``test_a_broken_manager_is_caught``: kvpool's manager broken in one detail
   (every 5th ``cache_blocks`` does nothing; every 3rd ``allocate_slots``
@@ -31,7 +31,6 @@ import os
 
 import pytest
 from _helpers import run_state_machine_under_dev_mode
-from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 import manager_machine as mm
 
@@ -48,8 +47,7 @@ DEV_MODE_EXAMPLES = 5
 )
 def test_state_machine(layout: str, caching: bool, all_cores) -> None:
     machine = mm.machine_for(layout, caching, KVCacheManager, vllm_block_pool_class, all_cores)
-    run_state_machine_as_test(machine, settings=settings(settings(), max_examples=EXAMPLES))
-    mm.assert_served(machine)
+    mm.run_until_served(machine, EXAMPLES)
 
 
 def test_state_machine_under_dev_mode(no_c_extensions) -> None:
