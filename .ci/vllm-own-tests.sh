@@ -70,6 +70,13 @@ started=$SECONDS
 # test_contiguous_kv_packing, builds a manager in it). From 0.30, where
 # kvpool has a KVCacheManager, also test_scheduler.py: the scheduler driving
 # the manager (about 10-40 s of CPU a release for both runs, 170-280 tests),
+# vLLM's AsyncScheduler driving the manager a step ahead of its outputs
+# (test_async_scheduler.py; from 0.31 test_prefix_replay.py's replays of
+# cached prefixes), priority scheduling and its preemptions
+# (test_priority_*.py: the random blast's 12 tests build Qwen2.5-VL, a
+# multimodal model vLLM inspects by importing its module, which needs
+# torchvision, as llava below: they fail stock, counted as wanting a hub)
+# and the worker's slot overflow checks,
 # and the scheduler-side KV-connector tests under tests/v1/kv_connector/unit
 # (remote prefill and decode lifecycles, failed loads and their recovery,
 # invalid blocks, error propagation: external tokens, delayed caching and
@@ -77,10 +84,6 @@ started=$SECONDS
 # Left out, with vLLM's pool too they need what this run does not have, or
 # are not about the pool:
 #   test_scheduler.py before 0.30 (no kvpool manager to test there),
-#   test_async_scheduler.py, test_priority_*.py, test_worker_slot_overflow.py,
-#   test_prefix_replay.py: schedulers built from facebook/opt-125m's config
-#     like test_scheduler.py's (which the hub cache below now provides), not
-#     run yet;
 #   test_scheduler.py's multimodal tests (llava-hf/llava-1.5-7b-hf) fail
 #     stock: see tests/vllm_suites/hf_hub_cache.py;
 #   test_scheduler_e2e.py, test_reset_prefix_cache_e2e.py,
@@ -107,7 +110,10 @@ case "$suite_version" in
         files="$files prefix_cache/test_partial_prefix_cache_hits.py test_swa_inflight_window_free.py" ;;&
     0.2[7-9].* | 0.3[0-9].*) files="$files test_mamba_align_chunk_split.py" ;;&
     0.29.* | 0.3[0-9].*) files="$files test_contiguous_kv_packing.py" ;;&
+    0.3[1-9].*) files="$files test_prefix_replay.py" ;;&
     0.3[0-9].*) files="$files prefix_cache/test_mamba_eagle_resume_checkpoint.py test_scheduler.py"
+        files="$files test_async_scheduler.py test_priority_preemption_bug.py"
+        files="$files test_priority_scheduler_random.py test_worker_slot_overflow.py"
         for f in remote_prefill_lifecycle remote_decode_lifecycle kv_load_failure_recovery \
                  invalid_blocks_correctness error_propagation; do
             files="$files ../kv_connector/unit/test_$f.py"

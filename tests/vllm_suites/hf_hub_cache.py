@@ -15,7 +15,14 @@ published one, field for field. The snapshot's revision is not the hub's
 commit (offline, ``refs/main`` only has to name the snapshot): it is the
 SHA-1 of the files written, so a changed file is a new snapshot.
 
-Not here: ``llava-hf/llava-1.5-7b-hf`` (test_scheduler's multimodal tests):
+``test_priority_preemption_bug.py`` builds its scheduler from
+``facebook/opt-350m``; its ``config.json`` is here too.
+
+Not here: ``Qwen/Qwen2.5-VL-3B-Instruct`` (``test_priority_scheduler_random.py``):
+with its configuration in the cache its tests still fail stock ("Model
+architectures ['Qwen2_5_VLForConditionalGeneration'] failed to be
+inspected", vLLM 0.32.0, 2026-12-06), for the reason below. Nor
+``llava-hf/llava-1.5-7b-hf`` (test_scheduler's multimodal tests):
 vLLM inspects its architecture by importing the Llava model module, which
 needs ``torchvision`` (not in the test environment: the builds on this
 machine's disk are CUDA builds, which break vLLM's import), and its
@@ -60,8 +67,39 @@ OPT_125M = {
     "word_embed_proj_dim": 768,
 }
 
+# facebook/opt-350m's config.json as published (test_priority_preemption_bug.py
+# builds its scheduler from it): the one OPT whose decoder projects its
+# 1,024-wide hidden state to 512-wide embeddings and norms after each layer.
+OPT_350M = {
+    "_name_or_path": "facebook/opt-350m",
+    "activation_dropout": 0.0,
+    "activation_function": "relu",
+    "architectures": ["OPTForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 2,
+    "do_layer_norm_before": False,
+    "dropout": 0.1,
+    "eos_token_id": 2,
+    "ffn_dim": 4096,
+    "hidden_size": 1024,
+    "init_std": 0.02,
+    "layerdrop": 0.0,
+    "max_position_embeddings": 2048,
+    "model_type": "opt",
+    "num_attention_heads": 16,
+    "num_hidden_layers": 24,
+    "pad_token_id": 1,
+    "prefix": "</s>",
+    "torch_dtype": "float16",
+    "transformers_version": "4.20.0.dev0",
+    "use_cache": True,
+    "vocab_size": 50272,
+    "word_embed_proj_dim": 512,
+}
+
 #: repository -> {file name: JSON content}
-REPOSITORIES = {"facebook/opt-125m": {"config.json": OPT_125M}}
+REPOSITORIES = {"facebook/opt-125m": {"config.json": OPT_125M},
+                "facebook/opt-350m": {"config.json": OPT_350M}}
 
 
 def write(home: Path) -> list[Path]:
