@@ -31,6 +31,10 @@ SCENARIO = {"num_requests": 48, "num_blocks": 80, "max_num_seqs": 16, "max_token
             "waves": 2, "reset_prefix_cache_every": 1, "kv_connector": "ExampleConnector"}
 
 
+#: The full run's: every CI run runs the same scenario under the async
+#: scheduler (``test_engine_async.py``, "async-connector"), whose caching a
+#: step behind meets the connector's delayed caching; same checks.
+@pytest.mark.full_run
 def test_engine_connector_identical_with_kvpool(model_dir: Path, tmp_path: Path) -> None:
     stock, ours = with_stock(model_dir, "connector", SCENARIO, tmp_path)
     assert_same_run(SCENARIO, stock, ours, evicts=True)

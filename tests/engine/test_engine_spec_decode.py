@@ -79,7 +79,12 @@ def assert_served(ours: dict, *, eagle: bool) -> None:
     assert counts["adopt"] > 0 and counts["lookups"] > 0, counts
 
 
-@pytest.mark.parametrize("name", ["ngram", "eagle", "eagle3", "mtp"])
+#: EAGLE-1 and MTP are the full run's: EAGLE-3 takes the same manager paths
+#: (the lookup's dropped block, drafts' slots), here and under the async
+#: scheduler (``test_engine_async.py``), in every CI run.
+@pytest.mark.parametrize("name", [
+    "ngram", pytest.param("eagle", marks=pytest.mark.full_run), "eagle3",
+    pytest.param("mtp", marks=pytest.mark.full_run)])
 def test_engine_spec_decode_identical_with_kvpool(name: str, drafts: dict, model_dir: Path,
                                                   tmp_path: Path) -> None:
     scenario = scenario_for(name, drafts)
