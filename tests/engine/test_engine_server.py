@@ -60,17 +60,72 @@ def _logging_config(log: Path) -> Path:
     return path
 
 
+def _free_ports(n: int) -> int:
+    """A loopback port P with P .. P+n-1 all free (vLLM's publisher of
+    data-parallel rank r connects to the endpoint's port plus r)."""
+    import socket
+
+    while True:
+        first = free_port()
+        try:
+            socks = []
+            for k in range(n):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", first + k))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+
+
+def _planted_plugin(where: Path, call: str) -> Path:
+    """A directory that, on ``PYTHONPATH``, gives vLLM one more general
+    plugin (an installed distribution's entry point, as kvpool's own is):
+    loaded in every vLLM process the server starts, engine cores too, it
+    runs ``engine_run.<call>`` there (e.g. ``install_broken(2)``: kvpool in,
+    then its pool with a planted bug). Test code, for the proofs."""
+    root = where / "planted-plugin"
+    info = root / "kvpool_planted_fault-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kvpool-planted-fault\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\nplanted = kvpool_planted_fault:load\n")
+    (root / "kvpool_planted_fault.py").write_text(
+        f"def load():\n    import engine_run\n    engine_run.{call}\n")
+    return root
+
+
 class Server:
-    def __init__(self, model_dir: Path, log: Path, *, kvpool: bool) -> None:
+    """``data_parallel_size`` > 1: that many engine cores behind vLLM's DP
+    coordinator, each publishing its KV events on its own port (kept per
+    rank in ``collectors``), and vLLM's own logging setup (each line names
+    its process: ``EngineCore_DP0``, ...)."""
+
+    def __init__(self, model_dir: Path, log: Path, *, kvpool: bool,
+                 data_parallel_size: int = 1, planted: str | None = None) -> None:
         self.port = free_port()
-        self.events_port = free_port()
-        self.collector = EventCollector(self.events_port)
-        self.collector.start()
+        self.events_port = _free_ports(data_parallel_size)
+        self.collectors = [EventCollector(self.events_port + rank)
+                           for rank in range(data_parallel_size)]
+        self.collector = self.collectors[0]
+        for collector in self.collectors:
+            collector.start()
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}
         env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
-                   VLLM_SERVER_DEV_MODE="1", VLLM_LOGGING_CONFIG_PATH=str(_logging_config(log)))
+                   VLLM_SERVER_DEV_MODE="1")
+        if data_parallel_size > 1:
+            env["VLLM_LOGGING_LEVEL"] = "INFO"
+        else:
+            env["VLLM_LOGGING_CONFIG_PATH"] = str(_logging_config(log))
         if kvpool:
             env["KVPOOL_VLLM"] = "1"
+        if planted:
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(_planted_plugin(log.parent, planted)), str(HERE),
+                 *filter(None, [env.get("PYTHONPATH")])])
         events = {"enable_kv_cache_events": True, "publisher": "zmq",
                   "endpoint": f"tcp://127.0.0.1:{self.events_port}"}
         self.log = log.open("w")
@@ -79,7 +134,8 @@ class Server:
              "--skip-tokenizer-init", "--block-size", "32", "--enforce-eager", "--dtype", "float32",
              "--host", "127.0.0.1", "--port", str(self.port), "--enable-prefix-caching",
              "--num-gpu-blocks-override", "256", "--max-model-len", "1024", "--seed", "0",
-             "--kv-events-config", json.dumps(events)],
+             "--kv-events-config", json.dumps(events),
+             "--data-parallel-size", str(data_parallel_size)],
             env=env, stdout=self.log, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 600
@@ -132,6 +188,8 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
+        for collector in self.collectors[1:]:
+            collector.close()
 
 
 def streamed_tokens(response) -> list[int]:
@@ -213,3 +271,83 @@ def test_server_identical_with_kvpool(model_dir: Path, tmp_path: Path) -> None:
         assert stock[phase]["events"], f"{phase}: no KV events"
     # A cold cache gives the same output as the first time.
     assert stock["phase3"]["tokens"] == stock["phase1"]["tokens"]
+
+
+#: The data-parallel server: two engine cores (``--data-parallel-size 2``).
+DP = 2
+
+
+def dp_session(model_dir: Path, log: Path, *, kvpool: bool, planted: str | None = None) -> dict:
+    batch = prompts(SCENARIO)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    server = Server(model_dir, log, kvpool=kvpool, data_parallel_size=DP, planted=planted)
+    try:
+        tokens = run_batch(server, batch)
+        counters = server.counters()
+        events = []
+        for collector in server.collectors:
+            collector.wait_quiet()
+            events.append(collector.take())
+    finally:
+        server.stop()
+        server.collector.close()
+    return {"tokens": tokens, "counters": counters, "events": events}
+
+
+def test_data_parallel_server_identical_with_kvpool(model_dir: Path, tmp_path: Path) -> None:
+    """Two engine cores, each its own scheduler: kvpool's pool and manager
+    in every one (its lines in vLLM's log name ``EngineCore_DP0`` and
+    ``EngineCore_DP1``), each rank's KV events carrying that rank, and the
+    same tokens, counters and events (rank by rank, block by block) as the
+    stock server. The requests go one at a time, so the coordinator's
+    choice of core does not depend on timing."""
+    from test_engine_identity import _per_block
+    from test_engine_logging import VLLM_LINE
+
+    jobs = max(1, int(os.environ.get("KVPOOL_ENGINE_JOBS", "2")))
+    with ThreadPoolExecutor(min(jobs, 2)) as pool:
+        stock_f = pool.submit(dp_session, model_dir, tmp_path / "stock.log", kvpool=False)
+        ours_f = pool.submit(dp_session, model_dir, tmp_path / "kvpool.log", kvpool=True)
+        stock, ours = stock_f.result(), ours_f.result()
+    said = [m.groupdict() for m in map(VLLM_LINE.match, (tmp_path / "kvpool.log").read_text()
+                                       .splitlines()) if m]
+    for rank in range(DP):
+        core = [line["message"] for line in said if line["process"] == f"EngineCore_DP{rank}"]
+        assert any("KV-cache manager: kvpool's" in m for m in core), (rank, core)
+        assert any("is served by" in m and "kvpool's compiled paths" in m for m in core), core
+    assert not [line for line in (tmp_path / "stock.log").read_text().splitlines()
+                if "kvpool BlockPool of the" in line]
+    assert all(stock["tokens"]) and ours["tokens"] == stock["tokens"]
+    assert ours["counters"] == stock["counters"]
+    for rank in range(DP):
+        ranks = {tuple(rest) for _, rest in ours["events"][rank]}
+        assert ranks == {(rank,)}, (rank, ranks)
+        assert _per_block(ours["events"][rank]) == _per_block(stock["events"][rank]), rank
+    # Both cores served requests.
+    assert all(ours["events"][rank] for rank in range(DP)), [len(e) for e in ours["events"]]
+
+
+@pytest.mark.proof
+def test_a_broken_pool_in_the_engine_cores_is_caught(model_dir: Path, tmp_path: Path) -> None:
+    """The proof of the data-parallel test: kvpool's pool in both engine
+    cores returns another block on every second prefix-cache hit (put in by
+    a planted general plugin); the tokens or the events must differ from
+    the stock server's."""
+    jobs = max(1, int(os.environ.get("KVPOOL_ENGINE_JOBS", "2")))
+    with ThreadPoolExecutor(min(jobs, 2)) as pool:
+        stock_f = pool.submit(dp_session, model_dir, tmp_path / "stock" / "stock.log",
+                              kvpool=False)
+        broken_f = pool.submit(dp_session, model_dir, tmp_path / "broken" / "broken.log",
+                               kvpool=True, planted="install_broken(2)")
+        stock, broken = stock_f.result(), broken_f.result()
+    said = (tmp_path / "broken" / "broken.log").read_text()
+    assert said.count("KV-cache manager: kvpool's") >= DP, "kvpool was not put in"
+    from test_engine_identity import _per_block
+
+    caught = [what for what, differs in (
+        ("tokens", broken["tokens"] != stock["tokens"]),
+        ("events", any(_per_block(broken["events"][r]) != _per_block(stock["events"][r])
+                       for r in range(DP))),
+    ) if differs]
+    print("caught:", caught)
+    assert caught
