@@ -70,13 +70,14 @@ started=$SECONDS
 # test_contiguous_kv_packing, builds a manager in it). From 0.30, where
 # kvpool has a KVCacheManager, also test_scheduler.py: the scheduler driving
 # the manager (about 10-40 s of CPU a release for both runs, 170-280 tests),
-# vLLM's AsyncScheduler driving the manager a step ahead of its outputs
-# (test_async_scheduler.py; from 0.31 test_prefix_replay.py's replays of
-# cached prefixes), priority scheduling and its preemptions
+# from 0.31 test_prefix_replay.py's replays of cached prefixes; on every
+# release that has them (from 0.16; the pool alone before 0.30), vLLM's
+# AsyncScheduler driving the manager a step ahead of its outputs
+# (test_async_scheduler.py), priority scheduling and its preemptions
 # (test_priority_*.py: the random blast's 12 tests build Qwen2.5-VL, a
 # multimodal model vLLM inspects by importing its module, which needs
 # torchvision, as llava below: they fail stock, counted as wanting a hub)
-# and the worker's slot overflow checks,
+# and the worker's slot overflow checks (0.25 on),
 # and the scheduler-side KV-connector tests under tests/v1/kv_connector/unit
 # (remote prefill and decode lifecycles, failed loads and their recovery,
 # invalid blocks, error propagation: external tokens, delayed caching and
@@ -103,7 +104,12 @@ if [ -n "$intake" ] && [ "${intake%%=*}" = "$version" ]; then
 fi
 files="test_prefix_caching.py test_kv_cache_utils.py test_single_type_kv_cache_manager.py test_kv_cache_metrics.py"
 case "$suite_version" in
-    0.16.* | 0.17.* | 0.18.* | 0.19.* | 0.2[0-3].*) ;;
+    # vLLM's schedulers over kvpool's pool (and, 0.30 on, its manager), where
+    # the release has the test files.
+    0.1[6-9].* | 0.2[0-9].* | 0.3[0-9].*)
+        files="$files test_async_scheduler.py test_priority_scheduler_random.py" ;;&
+    0.2[5-9].* | 0.3[0-9].*) files="$files test_worker_slot_overflow.py" ;;&
+    0.2[89].* | 0.3[0-9].*) files="$files test_priority_preemption_bug.py" ;;&
     0.2[4-9].* | 0.3[0-9].*)
         files="$files test_deferred_block_free.py prefix_cache/test_partial_prefix_cache_primitives.py" ;;&
     0.2[6-9].* | 0.3[0-9].*)
@@ -112,8 +118,6 @@ case "$suite_version" in
     0.29.* | 0.3[0-9].*) files="$files test_contiguous_kv_packing.py" ;;&
     0.3[1-9].*) files="$files test_prefix_replay.py" ;;&
     0.3[0-9].*) files="$files prefix_cache/test_mamba_eagle_resume_checkpoint.py test_scheduler.py"
-        files="$files test_async_scheduler.py test_priority_preemption_bug.py"
-        files="$files test_priority_scheduler_random.py test_worker_slot_overflow.py"
         for f in remote_prefill_lifecycle remote_decode_lifecycle kv_load_failure_recovery \
                  invalid_blocks_correctness error_propagation; do
             files="$files ../kv_connector/unit/test_$f.py"
