@@ -51,7 +51,7 @@ from test_engine_identity import (
 from test_engine_identity import model_dir as model_dir  # the tiny Llama (a fixture)
 from test_engine_mamba import CACHING, MAMBA_BASE, MODELS, SCENARIOS as MAMBA
 from test_engine_mamba import model_dirs as model_dirs  # (fixture)
-from test_engine_spec_decode import NO_SPEC_DECODE, SPEC_BASE, scenario_for
+from test_engine_spec_decode import NO_SPEC_DECODE, scenario_for
 from test_engine_spec_decode import drafts as drafts  # (fixture)
 from test_engine_connector import SCENARIO as CONNECTOR
 
@@ -87,10 +87,12 @@ GATE = ("async-preemption", "async-priority", "async-eagle3",
         "async-connector", "async-nemotronh-caching")
 
 
-def scenario(name: str, drafts: dict) -> dict:
+def scenario(name: str, request: pytest.FixtureRequest) -> dict:
+    """The scenario over ``BASE`` that ``name`` runs (the spec-decode ones
+    name their draft models: fixtures made on demand)."""
     model, extra = SCENARIOS[name]
     if model in ("eagle", "eagle3", "mtp"):
-        extra = scenario_for(model, drafts)
+        extra = scenario_for(model, request.getfixturevalue("drafts"))
     return {**extra, **ASYNC}
 
 
@@ -112,8 +114,7 @@ def runs(name: str, request: pytest.FixtureRequest, tmp: Path, **kvpool_run) -> 
         pytest.skip(NO_SPEC_DECODE[vllm.__version__])
     if model in MODELS or model == "chunked":
         needs_manager()  # (as in their synchronous modules)
-    drafts = request.getfixturevalue("drafts") if model in ("eagle", "eagle3", "mtp") else {}
-    return with_stock(target(name, request), name, scenario(name, drafts), tmp, **kvpool_run)
+    return with_stock(target(name, request), name, scenario(name, request), tmp, **kvpool_run)
 
 
 @pytest.mark.parametrize("name", [
@@ -122,9 +123,9 @@ def runs(name: str, request: pytest.FixtureRequest, tmp: Path, **kvpool_run) -> 
 ])
 def test_engine_async_identical_with_kvpool(name: str, request: pytest.FixtureRequest,
                                             tmp_path: Path) -> None:
-    model, extra = SCENARIOS[name]
+    model = SCENARIOS[name][0]
     stock, ours = runs(name, request, tmp_path)
-    full = {**BASE, **extra, **ASYNC}
+    full = {**BASE, **scenario(name, request)}
     assert stock["scheduler_class"] == ours["scheduler_class"] == "AsyncScheduler", (
         stock["scheduler_class"], ours["scheduler_class"])
     preempts = name in ("async-preemption", "async-priority")

@@ -33,6 +33,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from engine_run import EventCollector, free_port, prompts  # noqa: E402
+from test_engine_identity import JOBS, _per_block  # noqa: E402
 
 SCENARIO = {"num_prefixes": 4, "prefix_tokens": 96, "tail_tokens": 24, "num_requests": 16,
             "seed": 11}
@@ -252,14 +253,19 @@ def session(model_dir: Path, log: Path, *, kvpool: bool) -> dict:
     return {"phase1": phase1, "phase3": phase3}
 
 
+def side_by_side(*calls):
+    """The calls' results, the calls (a stock and a kvpool server's session)
+    run at once (``KVPOOL_ENGINE_JOBS=1``: one after the other). Each server
+    gets its requests one at a time, so neither's output depends on timing."""
+    with ThreadPoolExecutor(min(JOBS, 2)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [future.result() for future in futures]
+
+
 def test_server_identical_with_kvpool(model_dir: Path, tmp_path: Path) -> None:
-    # Both servers at once (KVPOOL_ENGINE_JOBS=1: one after the other): each
-    # gets its requests one at a time, so neither's output depends on timing.
-    jobs = max(1, int(os.environ.get("KVPOOL_ENGINE_JOBS", "2")))
-    with ThreadPoolExecutor(min(jobs, 2)) as pool:
-        stock_f = pool.submit(session, model_dir, tmp_path / "stock.log", kvpool=False)
-        ours_f = pool.submit(session, model_dir, tmp_path / "kvpool.log", kvpool=True)
-        stock, ours = stock_f.result(), ours_f.result()
+    stock, ours = side_by_side(
+        lambda: session(model_dir, tmp_path / "stock.log", kvpool=False),
+        lambda: session(model_dir, tmp_path / "kvpool.log", kvpool=True))
     log = (tmp_path / "kvpool.log").read_text()
     assert "kvpool BlockPool of the" in log, "kvpool was not installed in the server's engine"
     for phase in ("phase1", "phase3"):
@@ -301,14 +307,11 @@ def test_data_parallel_server_identical_with_kvpool(model_dir: Path, tmp_path: P
     same tokens, counters and events (rank by rank, block by block) as the
     stock server. The requests go one at a time, so the coordinator's
     choice of core does not depend on timing."""
-    from test_engine_identity import _per_block
     from test_engine_logging import VLLM_LINE
 
-    jobs = max(1, int(os.environ.get("KVPOOL_ENGINE_JOBS", "2")))
-    with ThreadPoolExecutor(min(jobs, 2)) as pool:
-        stock_f = pool.submit(dp_session, model_dir, tmp_path / "stock.log", kvpool=False)
-        ours_f = pool.submit(dp_session, model_dir, tmp_path / "kvpool.log", kvpool=True)
-        stock, ours = stock_f.result(), ours_f.result()
+    stock, ours = side_by_side(
+        lambda: dp_session(model_dir, tmp_path / "stock.log", kvpool=False),
+        lambda: dp_session(model_dir, tmp_path / "kvpool.log", kvpool=True))
     said = [m.groupdict() for m in map(VLLM_LINE.match, (tmp_path / "kvpool.log").read_text()
                                        .splitlines()) if m]
     for rank in range(DP):
@@ -333,17 +336,12 @@ def test_a_broken_pool_in_the_engine_cores_is_caught(model_dir: Path, tmp_path: 
     cores returns another block on every second prefix-cache hit (put in by
     a planted general plugin); the tokens or the events must differ from
     the stock server's."""
-    jobs = max(1, int(os.environ.get("KVPOOL_ENGINE_JOBS", "2")))
-    with ThreadPoolExecutor(min(jobs, 2)) as pool:
-        stock_f = pool.submit(dp_session, model_dir, tmp_path / "stock" / "stock.log",
-                              kvpool=False)
-        broken_f = pool.submit(dp_session, model_dir, tmp_path / "broken" / "broken.log",
-                               kvpool=True, planted="install_broken(2)")
-        stock, broken = stock_f.result(), broken_f.result()
+    stock, broken = side_by_side(
+        lambda: dp_session(model_dir, tmp_path / "stock" / "stock.log", kvpool=False),
+        lambda: dp_session(model_dir, tmp_path / "broken" / "broken.log", kvpool=True,
+                           planted="install_broken(2)"))
     said = (tmp_path / "broken" / "broken.log").read_text()
     assert said.count("KV-cache manager: kvpool's") >= DP, "kvpool was not put in"
-    from test_engine_identity import _per_block
-
     caught = [what for what, differs in (
         ("tokens", broken["tokens"] != stock["tokens"]),
         ("events", any(_per_block(broken["events"][r]) != _per_block(stock["events"][r])

@@ -102,12 +102,12 @@ __all__ = [
     "MISMATCH",
     "ManagerMachine",
     "assert_served",
-    "run_until_served",
-    "unserved",
     "broken_machine_settings",
     "delays_caching",
     "machine_for",
+    "run_until_served",
     "skips_caching",
+    "unserved",
 ]
 
 #: What the loaded release's pool has (``_release_driver.Features``).
@@ -914,7 +914,7 @@ def broken_machine_settings(max_examples: int) -> settings:
 
 
 def unserved(machine: type[ManagerMachine]) -> list[str]:
-    """What a run has not exercised yet, of what ``assert_served`` asks: the
+    """What a run has not exercised yet, of what it must: the
     compiled paths served calls themselves (``fast``) and handed calls to
     vLLM's code (``base``), so both sides of each decision were compared;
     with caching they cached blocks (through vLLM's coordinator, or, for one
