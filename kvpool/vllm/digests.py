@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from pathlib import Path
 __all__ = [
     "MIRRORED",
     "CodeVerdict",
+    "code_line",
     "file_digests",
     "identify",
     "installed_digests",
@@ -71,10 +73,18 @@ def file_digests(package_dir: str | Path) -> dict[str, str]:
 
 
 def vllm_package_dir() -> Path:
-    """The installed ``vllm`` package's directory, found without importing it."""
-    spec = importlib.util.find_spec("vllm")
+    """The ``vllm`` package's directory: the imported one's, else the one
+    the import system would load (found without importing it)."""
+    module = sys.modules.get("vllm")
+    where = getattr(module, "__file__", None) if module is not None else None
+    if where:
+        return Path(where).parent
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except ValueError:  # a module without a spec in sys.modules
+        spec = None
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("vLLM is not installed: no package named 'vllm'")
+        raise ModuleNotFoundError("no vLLM package found: kvpool has no code to check")
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -88,11 +98,15 @@ def installed_digests() -> dict[str, str]:
 
 
 def release_digests() -> dict[str, dict[str, str]]:
-    """release -> its ``file_digests``, for every listed release."""
+    """release -> its ``file_digests``, for every release ``VLLM_LINES``
+    lists (a release taken out of the lines is no longer accepted by its
+    code either)."""
     from ._release_digests import RELEASE_DIGESTS
+    from .releases import VLLM_LINES
 
+    listed = {release for line in VLLM_LINES for release in line.releases}
     return {release: dict(zip((p for p, _ in MIRRORED), row)) for release, row in
-            RELEASE_DIGESTS.items()}
+            RELEASE_DIGESTS.items() if release in listed}
 
 
 @dataclass(frozen=True)
@@ -134,3 +148,42 @@ def identify(digests: dict[str, str], known: dict[str, dict[str, str]] | None = 
     if best is None:
         return CodeVerdict(None)
     return CodeVerdict(None, best[2], best[3])
+
+
+def code_line(version: str | None = None, *, force: bool = False,
+              digests: dict[str, str] | None = None) -> tuple[object, str]:
+    """The line kvpool puts into the installed vLLM, decided by its code,
+    and what decided it: the line of the listed release whose mirrored files
+    the installed ones are, byte for byte (whatever ``version``, the
+    installed ``vllm.__version__``, says). Any other code raises
+    ``UnsupportedVLLMVersionError`` naming the files that differ from the
+    nearest listed release; ``force=True`` gives it the line
+    ``vllm_line(version, force=True)`` gives. Under the release intake's
+    alias (``KVPOOL_VLLM_INTAKE=VERSION=LISTED``) VERSION gets LISTED's line,
+    its code unchecked: the intake is deciding about it."""
+    from .releases import (
+        INTAKE_VAR,
+        UnsupportedVLLMVersionError,
+        intake_alias,
+        vllm_line,
+        vllm_version,
+    )
+
+    if version is None:
+        version = vllm_version()
+    alias = intake_alias()
+    if alias is not None and alias[0].split("+")[0] == version.split("+")[0]:
+        return vllm_line(version), f"the release intake's alias {INTAKE_VAR}={alias[0]}={alias[1]}"
+    if digests is None:
+        digests = installed_digests()
+    verdict = identify(digests)
+    if verdict.release is not None:
+        return vllm_line(verdict.release), verdict.describe()
+    if force:
+        return vllm_line(version, force=True), f"forced: {verdict.describe()}"
+    raise UnsupportedVLLMVersionError(
+        f"kvpool goes only into vLLM code it was proven against; vLLM {version} here is "
+        f"{verdict.describe()}. Install a listed release (pip install 'kvpool[vllm]'), "
+        f"or leave kvpool out of this engine (unset KVPOOL_VLLM), or of every engine "
+        f"whose code it does not know (KVPOOL_VLLM=auto)."
+    )
