@@ -119,11 +119,12 @@ LAYERS = {
     "kvpool.vllm.events": set(),
     "kvpool.vllm._rebind": set(),
     "kvpool.vllm.logs": set(),
+    "kvpool.vllm.digests": set(),
     "kvpool.vllm.manager": {"kvpool.vllm._rebind"},
     "kvpool.vllm.hasher": {"kvpool.vllm._rebind", "kvpool.vllm.releases"},
     "kvpool.vllm.installer": {"kvpool.vllm._rebind", "kvpool.vllm.releases",
                               "kvpool.vllm.hasher", "kvpool.vllm.manager",
-                              "kvpool.vllm.logs"},
+                              "kvpool.vllm.logs", "kvpool.vllm.digests"},
 }
 
 

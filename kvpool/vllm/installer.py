@@ -24,10 +24,11 @@ from types import ModuleType
 from typing import Any
 
 from . import releases
+from .digests import code_line
 from .hasher import install_hasher, uninstall_hasher
 from .logs import join_vllm_logging
 from .manager import install_manager, uninstall_manager
-from .releases import ENV_VAR, UnsupportedVLLMVersionError, vllm_line, vllm_version
+from .releases import ENV_VAR, UnsupportedVLLMVersionError, vllm_version
 
 __all__ = ["enabled", "install", "is_installed", "plugin", "uninstall"]
 
@@ -83,7 +84,7 @@ def _install(*, force: bool, export: str) -> bool:
         if _originals:
             return False
         version = vllm_version()
-        line = vllm_line(version, force=force)
+        line, why = code_line(version, force=force)
         block_pool = line.block_pool()
         from kvpool import USING_EXTENSION
 
@@ -108,10 +109,11 @@ def _install(*, force: bool, export: str) -> bool:
         os.environ[ENV_VAR] = export
         logger.info(
             "kvpool BlockPool of the %s line (%s.BlockPool) installed into vLLM %s "
-            "(%s core); request block hasher: %s; KV-cache manager: %s",
+            "(%s; %s core); request block hasher: %s; KV-cache manager: %s",
             line.name,
             line.module,
             version,
+            why,
             "compiled" if USING_EXTENSION else "pure-Python",
             "kvpool's" if hasher else "vLLM's",
             "kvpool's" if manager else "vLLM's",
@@ -204,17 +206,17 @@ def _install_if_listed() -> None:
     """``KVPOOL_VLLM=auto``: ``plugin()`` says what and why."""
     version = vllm_version()
     try:
-        vllm_line(version)
+        _, why = code_line(version)
     except UnsupportedVLLMVersionError:
         os.environ[ENV_VAR] = "0"
-        listed = [release for line in releases.VLLM_LINES for release in line.releases]
+        from .digests import identify, installed_digests
+
         logger.warning(
-            "kvpool left out: vLLM %s is not a release kvpool lists, so vLLM runs "
-            "unchanged, with its own BlockPool and KVCacheManager (%s=auto). kvpool "
-            "lists vLLM %s.",
+            "kvpool left out: vLLM %s here is %s, so vLLM runs unchanged, with its own "
+            "BlockPool and KVCacheManager (%s=auto).",
             version,
+            identify(installed_digests()).describe(),
             ENV_VAR,
-            ", ".join(listed),
         )
         return
     _install(force=False, export="auto")
