@@ -17,23 +17,57 @@ import pytest
 
 import kvpool
 from kvpool.vllm import VLLM_LINES
+from kvpool.vllm.digests import MIRRORED
 from kvpool.vllm.__main__ import NO_VLLM, OK, REFUSED
 
 _SWITCHES = ("KVPOOL_VLLM", "KVPOOL_VLLM_MANAGER", "KVPOOL_VLLM_HASHER", "KVPOOL_VLLM_INTAKE")
 
 
-def run(tmp_path: Path, version: str | None, *args: str, **env: str):
+def _stub_code(path: str, release: str) -> str:
+    return f"# vllm/{path} of the stand-in for vLLM {release}\n"
+
+
+def _kvpool_knowing_the_stand_ins(root: Path) -> Path:
+    """A copy of the kvpool under test whose digest table holds, for every
+    listed release, the stand-in's files of that release (``_stub_code``):
+    the code check is the real one, over files the test wrote."""
+    import hashlib
+    import shutil
+
+    copy = root / "kvpool-copy"
+    if not copy.exists():
+        shutil.copytree(Path(kvpool.__file__).parent, copy / "kvpool",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        rows = {release: tuple(hashlib.sha256(_stub_code(p, release).encode()).hexdigest()
+                               for p, _ in MIRRORED)
+                for line in VLLM_LINES for release in line.releases}
+        (copy / "kvpool" / "vllm" / "_release_digests.py").write_text(
+            f"RELEASE_DIGESTS = {rows!r}\n")
+    return copy
+
+
+def run(tmp_path: Path, version: str | None, *args: str, code: str | None = "",
+        patched: str | None = None, **env: str):
     """``python -m kvpool.vllm ARGS`` from ``tmp_path``, with a stand-in vLLM
     of ``version`` first on the path (None: a ``vllm`` that fails to import,
-    as where vLLM is absent)."""
+    as where vLLM is absent). The stand-in's mirrored files are the
+    stand-in code of release ``code`` (default: ``version`` less any local
+    tag; None: no mirrored files), ``patched`` (a MIRRORED path) edited."""
     stub = tmp_path / "stub"
     (stub / "vllm").mkdir(parents=True, exist_ok=True)
     body = (f"__version__ = {version!r}\n" if version is not None
             else "raise ModuleNotFoundError(\"No module named 'vllm'\", name='vllm')\n")
     (stub / "vllm" / "__init__.py").write_text(body)
+    if code == "" and version is not None:
+        code = version.split("+")[0]
+    if code:
+        for path, _ in MIRRORED:
+            f = stub / "vllm" / path
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text(_stub_code(path, code) + ("# a local patch\n" if path == patched else ""))
     environ = {k: v for k, v in os.environ.items() if k not in _SWITCHES}
     environ["PYTHONPATH"] = os.pathsep.join(
-        [str(stub), str(Path(kvpool.__file__).parent.parent), environ.get("PYTHONPATH", "")])
+        [str(stub), str(_kvpool_knowing_the_stand_ins(tmp_path)), environ.get("PYTHONPATH", "")])
     environ.update(env)
     return subprocess.run([sys.executable, "-m", "kvpool.vllm", *args], cwd=tmp_path,
                           env=environ, capture_output=True, text=True, timeout=120, check=False)
@@ -89,9 +123,9 @@ def test_an_unlisted_release_is_refused(tmp_path):
     result = run(tmp_path, "0.35.0", KVPOOL_VLLM="auto")
     assert result.returncode == REFUSED, result
     out = result.stdout
-    assert "refused: kvpool lists vLLM 0.15.0 to" in out and "not 0.35.0" in out
+    assert "not the code of a release kvpool lists" in out and "refused: install() raises" in out
     assert f"the {VLLM_LINES[-1].name} line's classes" in out
-    assert "KVPOOL_VLLM='auto': the vLLM plugin installs kvpool where the release is listed" in out
+    assert "KVPOOL_VLLM='auto': the vLLM plugin installs kvpool where the code is a listed release's" in out
     assert "install() puts in" not in out
 
 
@@ -174,3 +208,21 @@ def test_the_refusal_is_named_where_users_import_it():
     shown = traceback.format_exception_only(caught.value)[0]
     assert shown.startswith("kvpool.vllm.UnsupportedVLLMVersionError: "), shown
     assert type(pickle.loads(pickle.dumps(caught.value))) is UnsupportedVLLMVersionError
+
+
+def test_the_code_decides_not_the_version(tmp_path):
+    """A nightly whose mirrored files are a listed release's gets that
+    release's line; a build labelled as a listed release whose files differ
+    is refused, the differing file named."""
+    newest = VLLM_LINES[-1]
+    release = newest.releases[-1]
+    result = run(tmp_path, "0.99.1.dev12+gabc", "--json", code=release)
+    assert result.returncode == OK, result
+    report = json.loads(result.stdout)
+    assert report["line"]["name"] == newest.name
+    assert report["code"] == f"the code of vLLM {release}"
+    result = run(tmp_path, release + "+corp", patched="v1/core/block_pool.py")
+    assert result.returncode == REFUSED, result
+    out = result.stdout
+    assert f"vllm/v1/core/block_pool.py differs from vLLM {release}'s" in out, out
+    assert "install() puts in" not in out and "Traceback" not in result.stderr

@@ -5,10 +5,15 @@ the plugin) would put in -- the pool, the KV-cache manager, the request block
 hasher -- and, for each it would not, why; then the environment switches in
 effect. Installs nothing and builds no engine.
 
-Exit status: 0 when the release is listed, 2 when kvpool refuses it
+The installed vLLM is judged by its code (``kvpool.vllm.digests``): the
+files kvpool mirrors must be a listed release's, byte for byte; where they
+are not, the report names the files that differ and from which release.
+
+Exit status: 0 when kvpool would go in, 2 when it refuses the build
 (``install()`` would raise ``UnsupportedVLLMVersionError``), 1 when no vLLM
-can be imported. ``--vllm-version V`` judges release V instead of importing
-vLLM; ``--json`` prints the same report as one JSON object.
+can be imported. ``--vllm-version V`` judges release V by its number alone,
+without importing vLLM or reading any code; ``--json`` prints the same report
+as one JSON object.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any
 from . import hasher as _hasher
 from . import installer, releases
 from . import manager as _manager
+from .digests import code_line, identify, installed_digests
 
 #: Exit status: listed, no vLLM, refused.
 OK, NO_VLLM, REFUSED = 0, 1, 2
@@ -31,12 +37,12 @@ _SWITCHES = (
     (releases.ENV_VAR, {
         "": "the vLLM plugin does nothing (set 1 or auto to put kvpool into every vLLM "
             "process)",
-        "1": "the vLLM plugin installs kvpool in every vLLM process; an unlisted release "
-             "stops vLLM's start",
-        "auto": "the vLLM plugin installs kvpool where the release is listed, and elsewhere "
-                "logs one WARNING and leaves vLLM unchanged",
-        "force": "the vLLM plugin installs kvpool on any release, the nearest older line's "
-                 "on an unlisted one (at your own risk)",
+        "1": "the vLLM plugin installs kvpool in every vLLM process; code that is not a "
+             "listed release's stops vLLM's start",
+        "auto": "the vLLM plugin installs kvpool where the code is a listed release's, and "
+                "elsewhere logs one WARNING and leaves vLLM unchanged",
+        "force": "the vLLM plugin installs kvpool on any build, the nearest older line's "
+                 "on code it does not know (at your own risk)",
         "0": "the vLLM plugin does nothing",
     }),
     (_manager.ENV_VAR, {
@@ -90,6 +96,7 @@ def report(version: str | None = None) -> dict[str, Any]:
         "core": "compiled" if kvpool.USING_EXTENSION else "pure-Python",
         "vllm": version,
         "vllm_path": None,
+        "code": None,
         "line": None,
         "status": "listed",
         "refused": None,
@@ -98,7 +105,8 @@ def report(version: str | None = None) -> dict[str, Any]:
         "hasher": None,
         "switches": [_switch(name, meanings) for name, meanings in _SWITCHES],
     }
-    if version is None:
+    imported = version is None
+    if imported:
         try:
             import vllm
         except Exception as exc:  # noqa: BLE001  (any failure to import is "no vLLM")
@@ -111,10 +119,18 @@ def report(version: str | None = None) -> dict[str, Any]:
         out["vllm"] = version = str(vllm.__version__)
         out["vllm_path"] = os.path.dirname(getattr(vllm, "__file__", "") or "") or None
     try:
-        line = releases.vllm_line(version)
+        if imported:
+            line, out["code"] = code_line(version)
+        else:
+            line = releases.vllm_line(version)
     except releases.UnsupportedVLLMVersionError as exc:
         out["status"] = "refused"
         out["refused"] = str(exc)
+        if imported:
+            verdict = identify(installed_digests())
+            out["code"] = verdict.describe()
+            out["differing"] = [f"vllm/{p}" for p in verdict.differing]
+            out["nearest"] = verdict.nearest
         forced = releases.vllm_line(version, force=True)
         out["force_line"] = forced.name
         return out
@@ -145,9 +161,15 @@ def _text(out: dict[str, Any]) -> str:
     else:
         where = f" ({out['vllm_path']})" if out["vllm_path"] else " (as asked, not imported)"
         lines.append(f"vLLM {out['vllm']}{where}")
+    if out["code"]:
+        lines.append(f"its code (the files kvpool mirrors): {out['code']}")
     if out["status"] == "refused":
         listed = [r for line in releases.VLLM_LINES for r in line.releases]
-        if "force_line" in out:
+        if out.get("differing"):
+            lines.append(f"refused: install() raises UnsupportedVLLMVersionError, and "
+                         f"KVPOOL_VLLM=1 stops vLLM's start: kvpool goes only into code it "
+                         f"was proven against.")
+        elif "force_line" in out:
             lines.append(f"refused: kvpool lists vLLM {listed[0]} to {listed[-1]} "
                          f"({len(listed)} releases), not {out['vllm']}: install() raises "
                          f"UnsupportedVLLMVersionError, and KVPOOL_VLLM=1 stops vLLM's start.")
