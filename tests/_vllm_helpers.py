@@ -107,3 +107,28 @@ def pool_in_vllm(pool_class: type) -> Iterator[None]:
     finally:
         for module, original in saved:
             module.BlockPool = original
+
+
+def pretend_code(monkeypatch: pytest.MonkeyPatch, version: str, *, release: str | None = None,
+                 changed: str | None = None) -> dict[str, str]:
+    """Make the imported vLLM look like another build to kvpool: version
+    ``version``, its mirrored files those of listed release ``release``
+    (default: the files installed here) with ``changed`` (a path of
+    ``kvpool.vllm.digests.MIRRORED``) edited. kvpool judges vLLM by those
+    files (``kvpool.vllm.digests``); the digests it would read are what is
+    replaced, the files stay as they are. Returns the digests."""
+    import vllm
+
+    from kvpool.vllm import digests
+
+    if release is None:
+        code = digests.installed_digests()
+    else:
+        code = digests.release_digests()[release]
+    if changed is not None:
+        if changed not in code:
+            raise ValueError(f"{changed!r} is not a mirrored file")
+        code = dict(code, **{changed: "0" * 64})
+    monkeypatch.setattr(digests, "installed_digests", lambda: dict(code))
+    monkeypatch.setattr(vllm, "__version__", version)
+    return code

@@ -15,7 +15,7 @@ import pytest
 import vllm
 import vllm.plugins
 import vllm_workload as vw
-from _vllm_helpers import kvpool_entry_point
+from _vllm_helpers import kvpool_entry_point, pretend_code
 from vllm.v1.core import block_pool as vllm_block_pool
 from vllm.v1.core import kv_cache_coordinator, single_type_kv_cache_manager
 
@@ -29,6 +29,8 @@ POOL_15 = vllm_block_pool_class("0.15")
 
 SMALL = vw.FULL.scaled(num_requests=20, num_blocks=64)
 VLLM_POOL = vllm_block_pool.BlockPool
+#: The release whose code is installed here (before any test pretends).
+REAL = vllm.__version__.split("+")[0]
 
 
 def manager_pool_type() -> type:
@@ -121,9 +123,12 @@ def test_version_refused(version: str, monkeypatch) -> None:
     with pytest.raises(kv_vllm.UnsupportedVLLMVersionError):
         kv_vllm.vllm_line(version)
 
-    monkeypatch.setattr(vllm, "__version__", version)
+    # install() judges the code: this release's files, one edited.
+    pretend_code(monkeypatch, version, changed="v1/core/block_pool.py")
     with pytest.raises(
-        kv_vllm.UnsupportedVLLMVersionError, match=re.escape(f"found vLLM {version}")
+        kv_vllm.UnsupportedVLLMVersionError,
+        match=re.escape(f"vLLM {version} here is not the code of a release kvpool lists: "
+                        f"vllm/v1/core/block_pool.py differs from vLLM {REAL}'s"),
     ):
         kv_vllm.install()
     assert not kv_vllm.is_installed()
@@ -170,7 +175,7 @@ def test_force_installs_the_nearest_older_line(
     there is none); it is exported as such to child processes."""
     assert kv_vllm.vllm_line(version, force=True).name == line
     expected = POOL_15 if line == "0.15" else stub_v0_33 if line == "0.33" else vllm_block_pool_class(line)
-    monkeypatch.setattr(vllm, "__version__", version)
+    pretend_code(monkeypatch, version, changed="v1/core/kv_cache_manager.py")
     monkeypatch.setenv("KVPOOL_VLLM", "1")
 
     assert kv_vllm.install(force=True) is True
@@ -209,6 +214,20 @@ def test_version_accepted(version: str, line: str) -> None:
     assert kv_vllm.vllm_line(version).name == line
 
 
+@pytest.mark.parametrize("version", ["0.16.1.dev12+gabc", "0.17.0rc1", f"{REAL}+corp"])
+def test_a_build_with_a_listed_release_code_gets_its_line(version: str, monkeypatch,
+                                                           caplog) -> None:
+    """kvpool judges the code, not the version: a nightly, a release
+    candidate or a locally labelled build whose mirrored files are this
+    release's, byte for byte, gets this release's line, and the install
+    line says whose code it is."""
+    pretend_code(monkeypatch, version)
+    with caplog.at_level(logging.INFO, logger="kvpool"), kv_vllm.enabled():
+        assert manager_pool_type() is POOL_15
+    said = [r.getMessage() for r in caplog.records if "kvpool BlockPool of the" in r.getMessage()]
+    assert said and f"vLLM {version} (the code of vLLM {REAL};" in said[0], said
+
+
 @pytest.mark.parametrize("version", ["0.15.0", "0.15.1", "0.16.0"])
 def test_install_on_the_0_15_line(version: str, monkeypatch) -> None:
     """Both releases of the 0.15 line get kvpool.BlockPool, without force."""
@@ -222,7 +241,7 @@ def test_install_on_the_0_15_line(version: str, monkeypatch) -> None:
 def test_install_on_the_0_33_line(stub_v0_33: type, monkeypatch) -> None:
     """vLLM 0.33.x gets kvpool.v0_33.BlockPool, without force, imported only
     then."""
-    monkeypatch.setattr(vllm, "__version__", "0.33.0")
+    pretend_code(monkeypatch, "0.33.0", release="0.33.0")
     with kv_vllm.enabled():
         assert kv_cache_coordinator.BlockPool is stub_v0_33
         assert single_type_kv_cache_manager.BlockPool is stub_v0_33
@@ -278,7 +297,7 @@ def test_plugin_auto_leaves_an_unlisted_release_alone(version: str, monkeypatch,
     from vllm.v1.engine import core
 
     vllm_hasher = core.get_request_block_hasher
-    monkeypatch.setattr(vllm, "__version__", version)
+    pretend_code(monkeypatch, version, changed="v1/core/sched/scheduler.py")
     monkeypatch.setenv("KVPOOL_VLLM", "auto")
     with caplog.at_level(logging.INFO, logger="kvpool"):
         kv_vllm.plugin()
@@ -293,10 +312,9 @@ def test_plugin_auto_leaves_an_unlisted_release_alone(version: str, monkeypatch,
     assert [(r.name, r.levelname) for r in records] == [("kvpool.vllm", "WARNING")]
     message = records[0].getMessage()
     assert "\n" not in message
-    assert f"kvpool left out: vLLM {version} is not a release kvpool lists" in message
+    assert (f"kvpool left out: vLLM {version} here is not the code of a release kvpool "
+            f"lists: vllm/v1/core/sched/scheduler.py differs from vLLM {REAL}'s") in message
     assert "vLLM runs unchanged" in message
-    listed = [release for line in kv_vllm.VLLM_LINES for release in line.releases]
-    assert message.endswith(f"kvpool lists vLLM {', '.join(listed)}.")
 
 
 @pytest.mark.parametrize("value", ["1", "true", "yes", "on"])
@@ -307,7 +325,7 @@ def test_plugin_strict_on_an_unlisted_release(value: str, monkeypatch) -> None:
     kvpool_entry_point()
     monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
     monkeypatch.delenv("VLLM_PLUGINS", raising=False)
-    monkeypatch.setattr(vllm, "__version__", "0.35.0")
+    pretend_code(monkeypatch, "0.35.0", changed="v1/core/block_pool.py")
     monkeypatch.setenv("KVPOOL_VLLM", value)
     with pytest.raises(kv_vllm.UnsupportedVLLMVersionError, match="KVPOOL_VLLM=auto"):
         vllm.plugins.load_general_plugins()
@@ -321,7 +339,7 @@ def test_plugin_quiet_on_an_unlisted_release_unless_asked(value, monkeypatch,
                                                           caplog) -> None:
     """Without a switch value that asks for kvpool, an unlisted release is no
     business of kvpool's: no error, no warning."""
-    monkeypatch.setattr(vllm, "__version__", "0.35.0")
+    pretend_code(monkeypatch, "0.35.0", changed="v1/core/block_pool.py")
     if value is not None:
         monkeypatch.setenv("KVPOOL_VLLM", value)
     with caplog.at_level(logging.INFO, logger="kvpool"):
@@ -363,6 +381,11 @@ def _child(env: dict[str, str], *, version: str | None = None) -> subprocess.Com
         import vllm, vllm.plugins
         import vllm_workload as vw
         if {version!r} is not None:
+            # Another build: this version, one mirrored file edited (the
+            # digests kvpool reads are what changes; see pretend_code).
+            from kvpool.vllm import digests
+            code = dict(digests.installed_digests(), **{{"v1/core/block_pool.py": "0" * 64}})
+            digests.installed_digests = lambda: dict(code)
             vllm.__version__ = {version!r}
         vllm.plugins.load_general_plugins()
         pool = vw.make_manager(vw.FULL.scaled(num_blocks=64)).block_pool

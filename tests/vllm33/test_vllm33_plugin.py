@@ -15,7 +15,7 @@ from vllm.v1.core import kv_cache_coordinator, single_type_kv_cache_manager
 
 import kvpool
 import kvpool.vllm as kv_vllm
-from _vllm_helpers import kvpool_entry_point
+from _vllm_helpers import kvpool_entry_point, pretend_code
 VLLM_POOL = vllm_block_pool.BlockPool
 # The 0.33 facade is written on another branch; until it is here, the test
 # that needs it checks that the plugin gets as far as importing it.
@@ -95,7 +95,8 @@ def test_plugin_auto_installs_the_0_33_pool_and_manager(monkeypatch, caplog) -> 
 
 
 def test_plugin_auto_on_an_unlisted_release(monkeypatch, caplog) -> None:
-    """A vLLM kvpool does not list (0.33.0 pretending to be 0.35.0), through
+    """A vLLM kvpool does not know (0.33.0 pretending to be a 0.35.0 build
+    whose manager differs), through
     vLLM's loader: with ``auto``, one WARNING and vLLM's own pool, manager
     and hasher; with ``1``, the error that stops vLLM's start."""
     from vllm.v1.core.sched import scheduler
@@ -103,7 +104,7 @@ def test_plugin_auto_on_an_unlisted_release(monkeypatch, caplog) -> None:
 
     kvpool_entry_point()
     vllm_manager, vllm_hasher = scheduler.KVCacheManager, core.get_request_block_hasher
-    monkeypatch.setattr(vllm, "__version__", "0.35.0")
+    pretend_code(monkeypatch, "0.35.0", changed="v1/core/kv_cache_manager.py")
     monkeypatch.setenv("KVPOOL_VLLM", "auto")
     with caplog.at_level(logging.INFO, logger="kvpool"):
         _load_general_plugins(monkeypatch)
@@ -116,7 +117,7 @@ def test_plugin_auto_on_an_unlisted_release(monkeypatch, caplog) -> None:
     assert records[0].getMessage().startswith("kvpool left out: vLLM 0.35.0 ")
 
     monkeypatch.setenv("KVPOOL_VLLM", "1")
-    with pytest.raises(kv_vllm.UnsupportedVLLMVersionError, match="found vLLM 0.35.0"):
+    with pytest.raises(kv_vllm.UnsupportedVLLMVersionError, match="vllm/v1/core/kv_cache_manager.py differs"):
         _load_general_plugins(monkeypatch)
     assert kv_cache_coordinator.BlockPool is VLLM_POOL
     assert scheduler.KVCacheManager is vllm_manager

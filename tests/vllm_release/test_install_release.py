@@ -103,5 +103,5 @@ def test_python_m_kvpool_vllm_refuses_an_unlisted_release(tmp_path):
     assert result.returncode == 2, (result.stdout, result.stderr[-2000:])
     said = json.loads(result.stdout)
     assert said["status"] == "refused" and said["vllm"] == vllm.__version__
-    assert f"found vLLM {vllm.__version__}" in said["refused"]
+    assert f"vLLM {vllm.__version__} here is not the code of a release kvpool lists" in said["refused"]
     assert said["pool"] is None and said["manager"] is None and said["hasher"] is None
