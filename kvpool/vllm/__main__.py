@@ -14,6 +14,12 @@ Exit status: 0 when kvpool would go in, 2 when it refuses the build
 can be imported. ``--vllm-version V`` judges release V by its number alone,
 without importing vLLM or reading any code; ``--json`` prints the same report
 as one JSON object.
+
+``--prove`` runs kvpool's differential suites against the installed vLLM
+and, where they all pass on code that is not a listed release's, records the
+build so that ``install()`` accepts it (``kvpool.vllm.prove``): exit 0 when
+proven, 3 when a suite failed (the first difference is printed), 1 without
+vLLM.
 """
 
 from __future__ import annotations
@@ -204,7 +210,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-version", metavar="V",
                         help="judge vLLM release V instead of importing vLLM")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--prove", action="store_true",
+                        help="run kvpool's differential suites against the installed vLLM "
+                             "and, when they pass, record this build as proven (a few "
+                             "minutes)")
     args = parser.parse_args(argv)
+    if args.prove:
+        if args.vllm_version or args.json:
+            parser.error("--prove proves the installed vLLM: no --vllm-version or --json")
+        from .prove import prove
+
+        return prove()
     out = report(args.vllm_version)
     print(json.dumps(out, indent=2) if args.json else _text(out))
     return {"listed": OK, "no vllm": NO_VLLM, "refused": REFUSED}[out["status"]]

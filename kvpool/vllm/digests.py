@@ -157,7 +157,9 @@ def code_line(version: str | None = None, *, force: bool = False,
     the installed ones are, byte for byte (whatever ``version``, the
     installed ``vllm.__version__``, says). Any other code raises
     ``UnsupportedVLLMVersionError`` naming the files that differ from the
-    nearest listed release; ``force=True`` gives it the line
+    nearest listed release (its ``code`` attribute says what the code is),
+    unless the user proved exactly this build with this kvpool
+    (``kvpool.vllm.proven``: it gets the line it was proven against); ``force=True`` gives it the line
     ``vllm_line(version, force=True)`` gives. Under the release intake's
     alias (``KVPOOL_VLLM_INTAKE=VERSION=LISTED``) VERSION gets LISTED's line,
     its code unchecked: the intake is deciding about it."""
@@ -165,6 +167,7 @@ def code_line(version: str | None = None, *, force: bool = False,
         INTAKE_VAR,
         UnsupportedVLLMVersionError,
         intake_alias,
+        line_named,
         vllm_line,
         vllm_version,
     )
@@ -179,11 +182,22 @@ def code_line(version: str | None = None, *, force: bool = False,
     verdict = identify(digests)
     if verdict.release is not None:
         return vllm_line(verdict.release), verdict.describe()
+    from .proven import RecordError, find
+
+    try:
+        build, not_proven = find(digests)
+    except RecordError as exc:
+        build, not_proven = None, str(exc)
+    if build is not None:
+        return line_named(build.line), build.describe()
     if force:
         return vllm_line(version, force=True), f"forced: {verdict.describe()}"
-    raise UnsupportedVLLMVersionError(
+    code = verdict.describe() + (f"; {not_proven}" if not_proven else "")
+    error = UnsupportedVLLMVersionError(
         f"kvpool goes only into vLLM code it was proven against; vLLM {version} here is "
-        f"{verdict.describe()}. Install a listed release (pip install 'kvpool[vllm]'), "
-        f"or leave kvpool out of this engine (unset KVPOOL_VLLM), or of every engine "
-        f"whose code it does not know (KVPOOL_VLLM=auto)."
+        f"{code}. Prove this build (python -m kvpool.vllm --prove), install a listed "
+        f"release (pip install 'kvpool[vllm]'), or leave kvpool out of this engine (unset "
+        f"KVPOOL_VLLM), or of every engine whose code it does not know (KVPOOL_VLLM=auto)."
     )
+    error.code = code
+    raise error

@@ -206,16 +206,15 @@ def _install_if_listed() -> None:
     """``KVPOOL_VLLM=auto``: ``plugin()`` says what and why."""
     version = vllm_version()
     try:
-        _, why = code_line(version)
-    except UnsupportedVLLMVersionError:
+        code_line(version)
+    except UnsupportedVLLMVersionError as exc:
         os.environ[ENV_VAR] = "0"
-        from .digests import identify, installed_digests
-
         logger.warning(
             "kvpool left out: vLLM %s here is %s, so vLLM runs unchanged, with its own "
-            "BlockPool and KVCacheManager (%s=auto).",
+            "BlockPool and KVCacheManager (%s=auto; python -m kvpool.vllm --prove checks "
+            "this build).",
             version,
-            identify(installed_digests()).describe(),
+            getattr(exc, "code", exc),
             ENV_VAR,
         )
         return
