@@ -205,6 +205,35 @@ def test_mirrored_covers_the_pool_modules_and_both_call_sites(intake):
     assert by_path["vllm/v1/core/sched/scheduler.py"].call == "KVCacheManager"
 
 
+def test_mirrored_is_the_list_whose_digests_install_checks(intake):
+    from kvpool.vllm import digests
+
+    assert [m.path for m in intake.MIRRORED] == [f"vllm/{p}" for p, _ in digests.MIRRORED]
+
+
+def test_apply_writes_the_new_releases_digests(tmp_path, monkeypatch):
+    """``--apply`` adds the release's row to ``_release_digests.py``, from the
+    tree the intake diffed, in the listed order, the other rows unchanged."""
+    from kvpool.vllm import digests
+
+    tool = load_script(ROOT / "tools" / "release_digests.py", "_kvpool_release_digests_tool")
+    out = tmp_path / "_release_digests.py"
+    out.write_text(tool.OUT.read_text())
+    monkeypatch.setattr(tool, "OUT", out)
+    before = tool.read_rows()
+    monkeypatch.setattr(tool, "listed_releases", lambda: [*before, "0.99.0"])
+    tree = tmp_path / "src"
+    for path, _ in digests.MIRRORED:
+        (tree / "vllm" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tree / "vllm" / path).write_text(f"# {path} of 0.99.0\n")
+    tool.add_release("0.99.0", tree)
+    after = tool.read_rows()
+    assert list(after) == [*before, "0.99.0"]
+    assert {r: after[r] for r in before} == before
+    assert after["0.99.0"] == [digests.file_digests(tree / "vllm")[p] for p, _ in digests.MIRRORED]
+    assert "tree)" in INTAKE.read_text() and "add_release(version, tree)" in INTAKE.read_text()
+
+
 def _results(intake, **status):
     """One FileResult per mirrored file, identical unless named."""
     out = []

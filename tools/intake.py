@@ -68,25 +68,37 @@ class Mirrored:
     call: str | None = None
 
 
-#: Every vLLM file kvpool mirrors or patches: the one list the intake diffs
-#: (and its tests read). A line's facade is exact against these files; a
-#: release whose copies of them are the same as a listed release's is a
-#: release of that line, once the suites agree.
-MIRRORED: tuple[Mirrored, ...] = (
-    Mirrored("vllm/v1/core/block_pool.py", "the pool: every line's facade", api=True),
-    Mirrored("vllm/v1/core/kv_cache_utils.py",
-             "blocks, free queue, hash helpers, the request block hasher", api=True),
-    Mirrored("vllm/distributed/kv_events.py", "the events (byte-identical)", api=True),
-    Mirrored("vllm/v1/core/kv_cache_metrics.py", "the metrics collector", api=True),
-    Mirrored("vllm/v1/core/kv_cache_manager.py", "KVCacheManager (kvpool's, 0.30 on)", api=True),
-    Mirrored("vllm/v1/core/kv_cache_coordinator.py",
-             "builds the pool through the name install() rebinds", api=True),
-    Mirrored("vllm/v1/core/single_type_kv_cache_manager.py",
-             "the single-type managers that drive the pool", api=True),
-    Mirrored("vllm/utils/hashing.py", "the hash functions kvpool's hasher reproduces", api=True),
-    Mirrored("vllm/v1/engine/core.py", "the hasher's call site", call="get_request_block_hasher"),
-    Mirrored("vllm/v1/core/sched/scheduler.py", "the scheduler's construction site",
-             call="KVCacheManager"),
+def _load_module(name: str, path: Path):  # noqa: ANN202
+    """A file of the checkout loaded on its own, once, as module ``name``:
+    the intake runs without kvpool's dependencies (the package's
+    ``__init__`` imports msgspec and the core), so what it loads needs only
+    the standard library."""
+    import importlib.util
+
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise RuntimeError(f"cannot load {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+    return module
+
+
+#: The files kvpool only calls into from one place, with the callee whose
+#: calls are compared (the rest of such a file changes in every release for
+#: reasons of its own); every other mirrored file has its API compared.
+_CALL_SITES = {"v1/engine/core.py": "get_request_block_hasher",
+               "v1/core/sched/scheduler.py": "KVCacheManager"}
+
+#: Every vLLM file kvpool mirrors or patches (``kvpool.vllm.digests.MIRRORED``,
+#: the one list: its digests decide where ``install()`` goes). A line's facade
+#: is exact against these files; a release whose copies of them are the same
+#: as a listed release's is a release of that line, once the suites agree.
+MIRRORED: tuple[Mirrored, ...] = tuple(
+    Mirrored(f"vllm/{path}", why, api=path not in _CALL_SITES, call=_CALL_SITES.get(path))
+    for path, why in _load_module("_kvpool_digests", ROOT / "kvpool" / "vllm" / "digests.py").MIRRORED
 )
 
 
@@ -108,20 +120,8 @@ def nearest_listed(version: str, listed: dict[str, str]) -> str:
 
 
 def _lines_module():  # noqa: ANN202
-    """The checkout's ``kvpool/vllm/releases.py``, loaded on its own: it needs only the
-    standard library, so the intake runs without kvpool's dependencies (the
-    package's ``__init__`` imports msgspec and the core)."""
-    import importlib.util
-
-    module = sys.modules.get("_kvpool_intake_lines")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("_kvpool_intake_lines", LINES_SOURCE)
-        if spec is None or spec.loader is None:
-            raise RuntimeError(f"cannot load {LINES_SOURCE}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # its dataclasses look their module up
-        spec.loader.exec_module(module)
-    return module
+    """The checkout's ``kvpool/vllm/releases.py``, loaded on its own."""
+    return _load_module("_kvpool_intake_lines", LINES_SOURCE)
 
 
 def _listed() -> dict[str, str]:
@@ -396,8 +396,9 @@ def extend_exceptions(text: str, against: str, release: str) -> str:
     return "".join(out)
 
 
-def apply(version: str, against: str, line: str) -> list[str]:
-    """Add ``version`` to ``line`` for good; what was done, one a line.
+def apply(version: str, against: str, line: str, tree: Path) -> list[str]:
+    """Add ``version`` (its source tree: ``tree``) to ``line`` for good; what
+    was done, one a line.
     Nothing is edited unless the README's table can be rewritten after: that
     imports kvpool (its dependencies), which the diff and the suites do not
     need from this interpreter."""
@@ -420,6 +421,10 @@ def apply(version: str, against: str, line: str) -> list[str]:
     subprocess.run([sys.executable, str(ROOT / "tools" / "release_table.py"), "--write"],
                    check=True, cwd=ROOT)
     done.append("README.md: the release table rewritten (tools/release_table.py --write)")
+    digests = _load_module("_kvpool_release_digests", ROOT / "tools" / "release_digests.py")
+    digests.add_release(version, tree)
+    done.append(f"kvpool/vllm/_release_digests.py: the digests of vLLM {version}'s mirrored "
+                f"files (install() accepts its code)")
     done.append(f"the pin of vLLM {version}'s sdist stays in tests/vllm_suites/SHA256SUMS")
     return done
 
@@ -602,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--apply: nothing to apply: {a.version} is already in line {listed[a.version]}")
         else:
             try:
-                print("\n".join(f"--apply: {done}" for done in apply(a.version, against, line)))
+                print("\n".join(f"--apply: {done}" for done in apply(a.version, against, line, new_root)))
             except RuntimeError as exc:
                 print(f"--apply: nothing applied: {exc}")
                 return 1

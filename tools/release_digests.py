@@ -4,6 +4,9 @@ each release's own source tree (``.ci/vllm-src.sh VERSION`` prints its path).
 
 usage: python tools/release_digests.py [--check]
   --check: exit 1 if the file on disk differs from what would be written.
+
+``tools/intake.py --apply`` adds a new release's row (``add_release``) from
+the tree it diffed.
 """
 
 from __future__ import annotations
@@ -42,6 +45,23 @@ def render(rows: dict[str, list[str]]) -> str:
         out.append("    ),")
     out.append("}")
     return "\n".join(out) + "\n"
+
+
+def read_rows() -> dict[str, list[str]]:
+    """The rows of the file on disk."""
+    table = _load("_kvpool_release_digests_table", OUT)
+    return {release: list(row) for release, row in table.RELEASE_DIGESTS.items()}
+
+
+def add_release(release: str, tree: Path) -> None:
+    """Add (or replace) ``release``'s row, from its source tree ``tree`` (the
+    directory holding its ``vllm`` package), keeping the listed order."""
+    digests = _load("_kvpool_digests", ROOT / "kvpool" / "vllm" / "digests.py")
+    rows = read_rows()
+    found = digests.file_digests(Path(tree) / "vllm")
+    rows[release] = [found[p] for p, _ in digests.MIRRORED]
+    order = {r: i for i, r in enumerate(listed_releases())}
+    OUT.write_text(render(dict(sorted(rows.items(), key=lambda kv: order.get(kv[0], len(order))))))
 
 
 def main(argv: list[str] | None = None) -> int:
