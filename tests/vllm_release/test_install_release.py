@@ -29,6 +29,19 @@ def _engine_core():
         return None
 
 
+def test_the_installed_code_is_this_releases():
+    """The release's mirrored files are the ones kvpool recorded for it
+    (``_release_digests``, from its sdist), so install() accepts its code."""
+    from kvpool.vllm import digests, intake_alias
+    from kvpool.vllm._release_digests import RELEASE_DIGESTS
+
+    if intake_alias() is not None:
+        pytest.skip("the release intake: a release kvpool has no digests of yet")
+    got = digests.installed_digests()
+    assert tuple(got[p] for p, _ in digests.MIRRORED) == RELEASE_DIGESTS[vllm.__version__]
+    assert digests.identify(got).release in kv_vllm.vllm_line(vllm.__version__).releases
+
+
 def test_install_puts_in_what_the_line_says(monkeypatch):
     # (KVPOOL_VLLM_INTAKE is left as it is: the intake runs this test too)
     for name in ("KVPOOL_VLLM", "KVPOOL_VLLM_MANAGER", "KVPOOL_VLLM_HASHER"):
