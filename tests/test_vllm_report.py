@@ -154,6 +154,7 @@ LAYERS = {
     "kvpool.vllm._rebind": set(),
     "kvpool.vllm.logs": set(),
     "kvpool.vllm.digests": set(),
+    "kvpool.vllm.proven": set(),
     "kvpool.vllm.manager": {"kvpool.vllm._rebind"},
     "kvpool.vllm.hasher": {"kvpool.vllm._rebind", "kvpool.vllm.releases"},
     "kvpool.vllm.installer": {"kvpool.vllm._rebind", "kvpool.vllm.releases",
@@ -226,3 +227,29 @@ def test_the_code_decides_not_the_version(tmp_path):
     out = result.stdout
     assert f"vllm/v1/core/block_pool.py differs from vLLM {release}'s" in out, out
     assert "install() puts in" not in out and "Traceback" not in result.stderr
+
+
+def test_a_proven_build_is_reported_and_a_broken_record_refuses(tmp_path, monkeypatch):
+    """A patched build the user proved is reported as that, exit 0; with
+    its record edited it is refused, the record named, no traceback."""
+    from kvpool.vllm import digests, proven
+
+    release = VLLM_LINES[-1].releases[-1]
+    record = tmp_path / "proven.json"
+    first = run(tmp_path, release + "+corp", patched="v1/core/block_pool.py", KVPOOL_PROVEN=str(record))
+    assert first.returncode == REFUSED and "python -m kvpool.vllm --prove" in first.stdout, first
+    monkeypatch.setenv(proven.ENV_VAR, str(record))
+    proven.record(digests.file_digests(tmp_path / "stub" / "vllm"), vllm=release + "+corp",
+                  line=VLLM_LINES[-1].name, nearest=release, suites={})
+    result = run(tmp_path, release + "+corp", "--json", patched="v1/core/block_pool.py",
+                 KVPOOL_PROVEN=str(record))
+    assert result.returncode == OK, result
+    report = json.loads(result.stdout)
+    assert report["code"].startswith("a build proven by the user on "), report["code"]
+    assert report["line"]["name"] == VLLM_LINES[-1].name and report["pool"]["kvpool"]
+    record.write_text(record.read_text().replace(release + "+corp", release + "+corq"))
+    result = run(tmp_path, release + "+corp", patched="v1/core/block_pool.py",
+                 KVPOOL_PROVEN=str(record))
+    assert result.returncode == REFUSED, result
+    assert f"{record}: entry 0 was changed after --prove wrote it" in result.stdout
+    assert "Traceback" not in result.stderr

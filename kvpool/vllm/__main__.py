@@ -134,7 +134,7 @@ def report(version: str | None = None) -> dict[str, Any]:
         out["refused"] = str(exc)
         if imported:
             verdict = identify(installed_digests())
-            out["code"] = verdict.describe()
+            out["code"] = getattr(exc, "code", verdict.describe())
             out["differing"] = [f"vllm/{p}" for p in verdict.differing]
             out["nearest"] = verdict.nearest
         forced = releases.vllm_line(version, force=True)
@@ -174,7 +174,8 @@ def _text(out: dict[str, Any]) -> str:
         if out.get("differing"):
             lines.append(f"refused: install() raises UnsupportedVLLMVersionError, and "
                          f"KVPOOL_VLLM=1 stops vLLM's start: kvpool goes only into code it "
-                         f"was proven against.")
+                         f"was proven against. python -m kvpool.vllm --prove proves this "
+                         f"build (a few minutes), and kvpool then goes into exactly it.")
         elif "force_line" in out:
             lines.append(f"refused: kvpool lists vLLM {listed[0]} to {listed[-1]} "
                          f"({len(listed)} releases), not {out['vllm']}: install() raises "
