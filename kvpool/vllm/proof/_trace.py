@@ -1,8 +1,9 @@
-"""Comparing two manager-driver traces (``tests/vllm/vllm_workload.py``,
-``tests/vllm33/vllm_workload33.py``), shared by the differential tests against
-a real vLLM: the first differing entry, said as precisely as we can, with the
-calls that led to it (a whole-trace diff of ~10^5 entries would be
-unreadable). Also the deliberately broken pools that prove such a comparison
+"""Comparing two manager-driver traces (``kvpool.vllm.proof._workload``,
+``._workload33``), shared by the manager suite of ``python -m kvpool.vllm
+--prove`` (``kvpool.vllm.proof.manager``) and the differential tests against
+a real vLLM (which import it as ``_manager_trace``): the first differing
+entry, said as precisely as we can, with the calls that led to it (a
+whole-trace diff of ~10^5 entries would be unreadable). Also the deliberately broken pools that prove such a comparison
 can fail. Imports neither vLLM nor kvpool.
 """
 

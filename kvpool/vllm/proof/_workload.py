@@ -1,11 +1,14 @@
 """A scheduler-like workload driven through vLLM's own ``KVCacheManager``, for
 the releases whose ``get_computed_blocks`` returns ``(blocks, hit tokens)``:
-0.15.0 to 0.25.x (from 0.26.0 ``tests/vllm33/vllm_workload33.py`` drives the
+0.15.0 to 0.25.x (from 0.26.0 ``kvpool.vllm.proof._workload33`` drives the
 manager; ``DRIVER_SPLIT`` says where).
 
-Shared by the differential tests (``test_vllm_manager.py``) and the benchmark
-(``benchmarks/bench_vllm_manager.py``), so that both measure and compare the
-same thing. It imports vLLM: use it only where vLLM is importable.
+Shared by the manager suite of ``python -m kvpool.vllm --prove``
+(``kvpool.vllm.proof.manager``), the differential tests
+(``tests/vllm/test_vllm_manager.py``, which import it as ``vllm_workload``)
+and the benchmark (``benchmarks/bench_vllm_manager.py``), so that all of them
+measure and compare the same thing. It imports vLLM: use it only where vLLM
+is importable.
 
 The loop follows ``vllm.v1.core.sched.scheduler.Scheduler.schedule`` for
 plain decoder-only requests (FCFS, chunked prefill, no speculative decoding,
@@ -76,6 +79,8 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.request import Request, RequestStatus
 
+from ._base import ProofFailure
+
 # The block hasher needs vLLM's seed for the first block's parent hash. Set it
 # once per process: both pools of a comparison then see the same hashes.
 if not hasattr(kv_cache_utils, "NONE_HASH"):
@@ -84,7 +89,7 @@ if not hasattr(kv_cache_utils, "NONE_HASH"):
 VOCAB = 32_000
 
 #: The first manager method of the releases the 0.33-style driver
-#: (``tests/vllm33/vllm_workload33.py``) serves: vLLM 0.26.0 added it together
+#: (``kvpool.vllm.proof._workload33``) serves: vLLM 0.26.0 added it together
 #: with the third value of ``get_computed_blocks`` (the shared-prefix
 #: boundary) and the per-step copy-on-write drain.
 DRIVER_SPLIT = "take_kv_cache_block_copies"
@@ -398,7 +403,8 @@ def run(
             ok = mgr.reset_prefix_cache()
             spent += clock() - t0
             calls += 1
-            assert ok, "reset_prefix_cache refused on an idle engine"
+            if not ok:
+                raise ProofFailure("reset_prefix_cache refused on an idle engine")
             if record:
                 trace.append(("reset", step, ok))
         waiting.extend(phase)

@@ -1,7 +1,7 @@
 """A scheduler-like workload driven through vLLM 0.33.x's own ``KVCacheManager``,
-and that of every release from 0.26.0 (``vllm_workload.DRIVER_SPLIT``).
+and that of every release from 0.26.0 (``_workload.DRIVER_SPLIT``).
 
-The 0.33 twin of ``tests/vllm/vllm_workload.py`` (vLLM 0.15.0-0.25.x): the same
+The 0.33 twin of ``kvpool.vllm.proof._workload`` (vLLM 0.15.0-0.25.x): the same
 workloads, the same trace format, but the manager is built and called the way
 vLLM 0.33.0's ``Scheduler`` does it (``vllm/v1/core/sched/scheduler.py``).
 What the releases 0.26.0-0.32.0 lack is detected from the loaded release's
@@ -13,9 +13,11 @@ connector, so never here), the constructor's ``num_prefill_lookahead``
 ``enable_mamba_shared_prefix_checkpoint`` (0.31.0) and
 ``num_hash_lookahead_tokens`` (0.33.0); the Mamba split reads
 ``use_eagle`` until 0.29.x, ``use_eagle_block_drop`` after.
-Shared by the differential tests (``test_vllm_manager33.py``) and the benchmark
-(``benchmarks/bench_vllm_manager.py``). It imports vLLM 0.33: use it only
-where that vLLM is importable.
+Shared by the manager suite of ``python -m kvpool.vllm --prove``
+(``kvpool.vllm.proof.manager``), the differential tests
+(``tests/vllm33/test_vllm_manager33.py``, which import it as
+``vllm_workload33``) and the benchmark (``benchmarks/bench_vllm_manager.py``).
+It imports vLLM (0.26 or later): use it only where that vLLM is importable.
 
 Construction (``Scheduler.__init__``): ``KVCacheManager(kv_cache_config,
 max_model_len, max_in_flight_tokens=max_num_batched_tokens (one batch in
@@ -71,9 +73,7 @@ import collections
 import dataclasses
 import functools
 import inspect
-import os
 import random
-import sys
 import time
 import typing
 from collections.abc import Callable
@@ -96,15 +96,9 @@ from vllm.v1.request import Request, RequestStatus
 # What does not depend on the vLLM line (groups, workload knobs, the request
 # mix, trace helpers) is the 0.15 driver's; it imports only names that 0.33
 # still has, and seeds NONE_HASH the same way.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "vllm"))
-import vllm_workload as _v15  # noqa: E402
-
-from vllm_workload import (  # noqa: E402
-    VOCAB,
-    _ids,
-    _request_specs,
-    accepted,
-)
+from . import _workload as _v15
+from ._base import ProofFailure
+from ._workload import VOCAB, _ids, _request_specs, accepted
 
 __all__ = ["VOCAB", "Group", "Workload", "Run", "run", "build_requests", "make_manager"]
 
@@ -515,7 +509,8 @@ def run(
             ok = mgr.reset_prefix_cache()
             spent += clock() - t0
             calls += 1
-            assert ok, "reset_prefix_cache refused on an idle engine"
+            if not ok:
+                raise ProofFailure("reset_prefix_cache refused on an idle engine")
             if record:
                 trace.append(("reset", step, ok))
         arrivals = collections.deque(phase)
