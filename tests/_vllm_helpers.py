@@ -6,13 +6,14 @@ vLLM nor anything that does (``pool_in_vllm`` imports it when entered)."""
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import importlib.metadata
 import os
-from collections.abc import Iterator
 
 import pytest
+
+# vLLM builds the pool class given inside ``with pool_in_vllm(cls):`` (the
+# manager suite's; it imports vLLM when entered).
+from kvpool.vllm.proof._in_vllm import pool_in_vllm as pool_in_vllm
 
 #: Set by .ci/vllm-tests.sh: what would be a skip or a quiet fallback (the
 #: pure-Python core, a kvpool without its entry point) is a failure.
@@ -83,30 +84,6 @@ def no_leftover_install(monkeypatch: pytest.MonkeyPatch):
     kvpool_logger.handlers[:] = handlers
     kvpool_logger.setLevel(level)
     kvpool_logger.propagate = propagate
-
-
-# Where every release names the pool class it builds (the coordinator builds
-# it; the single-type managers use the name for annotations).
-_POOL_NAME_MODULES = (
-    "vllm.v1.core.kv_cache_coordinator",
-    "vllm.v1.core.single_type_kv_cache_manager",
-)
-
-
-@contextlib.contextmanager
-def pool_in_vllm(pool_class: type) -> Iterator[None]:
-    """vLLM builds ``pool_class`` inside the block: the names it builds its
-    pool through are rebound, as ``kvpool.vllm.install()`` does (imports
-    vLLM when entered)."""
-    modules = [importlib.import_module(name) for name in _POOL_NAME_MODULES]
-    saved = [(m, m.BlockPool) for m in modules if hasattr(m, "BlockPool")]
-    for module, _ in saved:
-        module.BlockPool = pool_class
-    try:
-        yield
-    finally:
-        for module, original in saved:
-            module.BlockPool = original
 
 
 def pretend_code(monkeypatch: pytest.MonkeyPatch, version: str, *, release: str | None = None,
