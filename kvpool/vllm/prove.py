@@ -133,6 +133,15 @@ def prove(out: TextIO | None = None, *, suites: tuple[str, ...] = SUITES) -> int
                 out.write(f"{case.name}: kvpool differs from this vLLM:\n{exc}\n"
                           f"nothing recorded: kvpool stays out of this build\n")
                 return FAILED
+            except Exception as exc:  # noqa: BLE001  (a raise is a difference too)
+                import traceback
+
+                progress.show(done, " FAILED")
+                where = "".join(traceback.format_exception(exc)[-6:])
+                out.write(f"{case.name}: raised where vLLM's own code did not, or the suite "
+                          f"cannot drive this vLLM:\n{where}nothing recorded: kvpool stays out "
+                          f"of this build\n")
+                return FAILED
             progress.show(done + 1)
         progress.show(len(cases), " passed")
         ran[suite.NAME] = f"{len(cases)} cases passed"

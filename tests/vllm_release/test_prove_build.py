@@ -74,7 +74,11 @@ class Build:
         return self.run("-m", "kvpool.vllm", "--prove")
 
     def install(self) -> subprocess.CompletedProcess:
-        return self.run("-c", "import vllm.v1.core.block_pool, kvpool.vllm as k; k.install(); "
+        # (kvpool's log line, caught by a handler of kvpool's own logger)
+        return self.run("-c", "import logging, sys; h = logging.StreamHandler(sys.stdout); "
+                              "logging.getLogger('kvpool').addHandler(h); "
+                              "logging.getLogger('kvpool').setLevel(logging.INFO); "
+                              "import vllm.v1.core.block_pool, kvpool.vllm as k; k.install(); "
                               "print('installed:', k.is_installed())")
 
 
