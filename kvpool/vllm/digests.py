@@ -4,8 +4,9 @@ kvpool mirrors vLLM's pool and manager and patches a few call sites; what
 it was proven against is the content of those files (``MIRRORED``), not a
 version label: a patched build called ``0.34.0+corp`` is other code, a
 nightly may be the same code as a release. ``RELEASE_DIGESTS``
-(``kvpool/vllm/_release_digests.py``, written by ``tools/intake.py
---digests`` from each listed release's own files) holds the SHA-256 of every
+(``kvpool/vllm/_release_digests.py``, written by
+``tools/release_digests.py`` from each listed release's own files, and by
+``tools/intake.py --apply`` for a release it adds) holds the SHA-256 of every
 mirrored file of every listed release; ``installed_digests()`` hashes the
 installed vLLM's (once per process); ``identify()`` says which listed
 release, if any, the installed code is, and where it is not, which files
@@ -35,8 +36,8 @@ __all__ = [
 ]
 
 #: Every vLLM file kvpool mirrors or patches, relative to the ``vllm``
-#: package directory, with what kvpool takes from it (the intake's list,
-#: ``tools/intake.py``: the same paths under ``vllm/``).
+#: package directory, with what kvpool takes from it (the one list:
+#: ``tools/intake.py`` diffs these files, under ``vllm/``).
 MIRRORED: tuple[tuple[str, str], ...] = (
     ("v1/core/block_pool.py", "the pool: every line's facade"),
     ("v1/core/kv_cache_utils.py", "blocks, free queue, hash helpers, the request block hasher"),
