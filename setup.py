@@ -18,12 +18,18 @@ if not os.environ.get("KVPOOL_NO_EXTENSIONS"):
                 extra_compile_args=["-O3"],
             ),
             # vLLM's KV-cache manager hot paths, over the core's pool data
-            # (cimports kvpool/_core.pxd).
-            Extension(
-                "kvpool._manager",
-                ["kvpool/_manager.pyx"],
-                depends=["kvpool/_core.pxd", "kvpool/_manager.pxd"],
-                extra_compile_args=["-O3"],
+            # (cimports kvpool/_core.pxd): one module per concern, sharing
+            # the plan's layout (kvpool/_plan.pxd); see kvpool/_manager.pyx.
+            *(
+                Extension(
+                    f"kvpool.{name}",
+                    [f"kvpool/{name}.pyx"],
+                    depends=["kvpool/_core.pxd", "kvpool/_plan.pxd",
+                             "kvpool/_mamba_align.pxd", "kvpool/_caching.pxd"],
+                    extra_compile_args=["-O3"],
+                )
+                for name in ("_plan", "_mamba_align", "_caching", "_allocate", "_lookup",
+                             "_manager")
             ),
             # The block hasher: C serialisers, SHA-256 (_sha256.h) and the
             # vendored xxHash header (kvpool/_vendor/xxhash), all compiled in;

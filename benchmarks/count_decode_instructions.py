@@ -32,7 +32,7 @@ kvpool importable: installed, or this checkout on ``PYTHONPATH``)::
 Where the instructions inside kvpool's call go::
 
     valgrind --tool=callgrind --collect-atstart=no \\
-        --toggle-collect='__pyx_pw_6kvpool_8_manager_*allocate_slots' \\
+        --toggle-collect='__pyx_pw_6kvpool_9_allocate_*allocate_slots' \\
         python benchmarks/count_decode_instructions.py --child kvpool 100
     callgrind_annotate --inclusive=yes --tree=calling callgrind.out.<pid>
 """

@@ -39,13 +39,16 @@ CASES = [
         marks=C_EXT_MARK,
     ),
     pytest.param("_hasher", "kvpool._hasher_py", False, False, id="hasher-pure-python"),
-    pytest.param(
-        "_manager",
-        "kvpool._manager",
-        True,
-        True,
-        id="manager-c-extension",
-        marks=C_EXT_MARK,
+    *(
+        pytest.param(
+            name,
+            f"kvpool.{name}",
+            True,
+            True,
+            id=f"manager{name}-c-extension",
+            marks=C_EXT_MARK,
+        )
+        for name in ("_manager", "_plan", "_allocate", "_caching", "_lookup")
     ),
 ]
 PARAMS = "stub_name, module_name, compiled, complete"

@@ -1,8 +1,36 @@
+# The plan of a kvpool KV-cache manager: what its compiled paths read of
+# vLLM's manager that does not change while it lives (the classes, built by
+# _plan.pyx's plan_for), and the small rules every path inlines -- vLLM's
+# integer arithmetic, its request-table reads, the pool's free count and
+# new blocks. Every module of the manager cimports from here.
+
 from libc.stdint cimport uint32_t
+from cpython.dict cimport PyDict_GetItemWithError
+from cpython.list cimport PyList_GET_SIZE
+from cpython.object cimport PyObject, PyObject_GetItem
+from cpython.exc cimport PyErr_Occurred
+from kvpool._core cimport PoolCore
 
-# Data layout of the compiled KV-cache manager paths (see _manager.pyx for
-# the why). The pool's data is the core's: _manager.pyx cimports PoolCore.
+cdef extern from "Python.h":
+    bint PyLong_CheckExact(object o)
+    bint PyList_CheckExact(object o)
+    bint PyTuple_CheckExact(object o)
+    bint PyDict_Check(object o)
+    bint PySet_Check(object o)
+    int PySet_Contains(object s, object key) except -1
+    int PySet_Add(object s, object key) except -1
+    long long PyLong_AsLongLongAndOverflow(object o, int *overflow)
+    object PyObject_Vectorcall(object callable, PyObject **args, size_t nargsf, object kwnames)
 
+
+# Largest count taken by the fast path; anything larger goes to vLLM's code
+# (so no sum below can overflow). A C constant: a DEF is a Python int to
+# Cython 3, and every comparison with it boxed the count.
+cdef extern from *:
+    """
+    #define KVPOOL_MAX_COUNT (((long long) 1) << 40)
+    """
+    const long long MAX_COUNT "KVPOOL_MAX_COUNT"
 
 cdef class _Group:
     # One of vLLM's single-type managers (FullAttentionManager,
@@ -170,3 +198,115 @@ cdef class ManagerPlan:
     cdef tuple lookup_specs       # of _SpecGroup; None: not done here
     cdef bint margin_to_hashes    # 0.32 on: EAGLE's margin capped at the hashed tokens
     cdef bint map_direct          # the pool's get_cached_block is the compiled core's
+
+
+cdef inline bint _count(object o, Py_ssize_t *out) except -1:
+    """``o`` is an exact int in [-MAX_COUNT, MAX_COUNT]: store it, True.
+    Called several times on every decode step: no exception is raised and
+    caught for a large int (``overflow`` says so), no object is made."""
+    cdef int overflow = 0
+    cdef long long v
+    if not PyLong_CheckExact(o):
+        return False
+    v = PyLong_AsLongLongAndOverflow(o, &overflow)
+    if v == -1 and not overflow and PyErr_Occurred():  # not for an exact int
+        return -1
+    if overflow or v < -MAX_COUNT or v > MAX_COUNT:
+        return False
+    out[0] = <Py_ssize_t> v
+    return True
+
+
+cdef inline Py_ssize_t _cdiv(Py_ssize_t a, Py_ssize_t b) noexcept:
+    # vLLM's cdiv, -(a // -b): the ceiling of a / b (b > 0; C's division
+    # truncates toward zero, which is the ceiling for a negative a).
+    return (a + b - 1) // b if a > 0 else a // b
+
+
+cdef inline Py_ssize_t _floordiv(Py_ssize_t a, Py_ssize_t b) noexcept:
+    # Python's a // b (b > 0): C truncates toward zero.
+    if a >= 0:
+        return a // b
+    return -((-a + b - 1) // b)
+
+
+cdef inline Py_ssize_t _mod(Py_ssize_t a, Py_ssize_t b) noexcept:
+    # Python's a % b (b > 0): C's takes the sign of a.
+    return a - _floordiv(a, b) * b
+
+
+cdef inline object _req_blocks(_Group g, object rid):
+    # vLLM's ``req_to_blocks[request_id]``: the group's table read as a
+    # dict, falling back to the defaultdict's lookup, which adds an empty
+    # list for a request without one.
+    cdef PyObject *entry = PyDict_GetItemWithError(g.rtb, rid)
+    if entry != NULL:
+        return <object> entry
+    return PyObject_GetItem(g.rtb, rid)
+
+
+cdef inline object _exact_table(_Group g, object rid):
+    # The group's table of the request when the request has one and it is
+    # an exact list; None otherwise (absent, or something vLLM's own code
+    # should handle). Reads only: a defaultdict adds no entry here.
+    # (A lookup error propagates: Cython checks PyDict_GetItemWithError.)
+    cdef PyObject *entry = PyDict_GetItemWithError(g.rtb, rid)
+    if entry == NULL or not PyList_CheckExact(<object> entry):
+        return None
+    return <object> entry
+
+
+cdef inline Py_ssize_t _free_blocks(ManagerPlan p) except? -1:
+    if p.pool_core is not None:
+        return (<PoolCore> p.pool_core).st.num_free
+    return p.pool.get_num_free_blocks()
+
+
+cdef inline Py_ssize_t _skipped_tokens(_Group g, Py_ssize_t n) noexcept:
+    # The manager's get_num_skipped_tokens(n), n >= 0: a window's tokens
+    # before it, a chunked group's before the current chunk, Mamba's all but
+    # the last (-1 for none, as vLLM's), else none.
+    if g.sliding:
+        return n - g.skip_off if n > g.skip_off else 0
+    if g.chunked:
+        return _floordiv(n, g.chunk) * g.chunk
+    if g.mamba:
+        return n - 1
+    return 0
+
+
+cdef inline Py_ssize_t _hybrid_cacheable(ManagerPlan p, _Group g, Py_ssize_t num_tokens) noexcept:
+    # The hybrid coordinator's cacheable tokens of a group when it caches
+    # ``num_tokens`` (get_num_cacheable_tokens; 0.30, 0.31 inline it alike):
+    # rounded down to the scheduler block unless partial hash hits are on;
+    # an EAGLE group's one block further, within its finalized tokens (less
+    # the re-prefillable ones).
+    cdef Py_ssize_t n, fin, s = p.sched_block
+    n = num_tokens if p.partial_hits else _floordiv(num_tokens, s) * s
+    if g.use_eagle and n > 0:
+        fin = num_tokens - p.reprefillable
+        if fin < 0:
+            fin = 0
+        n = (fin if p.partial_hits else _floordiv(fin, s) * s) + g.block_size
+        if fin < n:
+            n = fin
+    return n
+
+
+cdef inline list _new_blocks(ManagerPlan p, Py_ssize_t n):
+    # The pool's get_new_blocks(n) (n > 0, no more than its free blocks).
+    cdef PoolCore core
+    if p.core_news:
+        core = <PoolCore> p.pool_core
+        if core._events and not core._collector and not core._watchers:
+            removed = []
+            new = core._take_new(n, removed)
+            if PyList_GET_SIZE(removed):
+                p.pool._emit_block_removed_events(removed)
+            return new
+    return p.pool.get_new_blocks(n)
+
+
+cdef inline object _vllm_base(self, name):
+    # vLLM's method ``name`` of the class a manager extends.
+    return getattr(type(self)._kvpool_base, name)
