@@ -149,11 +149,18 @@ def test_engine_identical_with_kvpool_mamba(name: str, model_dirs, tmp_path: Pat
 #: attention's 64, so hits may end inside a state block. Prefill chunks are
 #: 32 tokens: a 64-token one that could hold a state block's boundary asks
 #: the kernel for a prefill checkpoint, which the CPU Mamba2 kernel does not
-#: export (stock fails alike). (NemotronH only: Qwen3-Next's 544-token
-#: attention blocks need prompts over 1,088 tokens to hit.)
+#: export (stock fails alike).
 CACHING = {
     "nemotronh-caching": {"prefix_caching": True, "events": True, "num_blocks": 80,
                           "max_num_batched_tokens": 32, **NEMOTRONH},
+    # Qwen3-Next's attention block is raised to its states' page size (544
+    # tokens; the hash block too): prompts of 1,100-1,139 tokens, two whole
+    # blocks of a shared prefix to hit, 4 blocks a request with the three
+    # states, so that 40 blocks evict.
+    "qwen3next-caching": {"prefix_caching": True, "events": True, "num_blocks": 40,
+                          "max_num_batched_tokens": 32, "prefix_tokens": 1100,
+                          "num_prefixes": 4, "num_requests": 16, "max_tokens": 16,
+                          "max_model_len": 2048, "dtype": "bfloat16"},
 }
 ALIGN_SERVED = ("MambaManager: kvpool's compiled paths; vLLM's code for a connector's tokens "
                 "(mamba_cache_mode 'align')")
