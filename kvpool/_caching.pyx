@@ -17,7 +17,7 @@ from kvpool._plan cimport (
     _Group, ManagerPlan, PyList_CheckExact, PyObject_Vectorcall, _count, _floordiv,
     _req_blocks, _exact_table, _hybrid_cacheable, _vllm_base,
 )
-from kvpool._mamba_align cimport _align_tail_idle, _align_tail_none, _align_mask
+from kvpool._mamba_align cimport _align_tail_idle, _align_tail_none, _align_mask, _align_tail
 
 from kvpool.hashing import _use_int_block_hashes
 from kvpool.hashing import maybe_convert_block_hash as _maybe_convert_block_hash
@@ -25,16 +25,15 @@ from kvpool.hashing import maybe_convert_block_hash as _maybe_convert_block_hash
 
 # What _cache does for a group (its plan's step, bits of ``how``): the
 # base step's pool call and cached count; then, for a full-attention group
-# registering partial tails, its tail step decided after that call (a full
-# block cached may drop the tail's partial key), or vLLM's tail step
-# outright; for an align-mode Mamba group, vLLM's tail step, then the Mamba
-# part's bookkeeping of the blocks the base step cached.
+# registering partial tails, its tail step (_full_tail: decided after that
+# call, as a full block cached may drop the tail's partial key); for an
+# align-mode Mamba group, its tail step (_align_tail), then the Mamba part's
+# bookkeeping of the blocks the base step cached.
 cdef enum:
     _BASE = 1
-    _FULL_TAIL_CHECK = 2
-    _FULL_TAIL = 4
-    _ALIGN_TAIL = 8
-    _ALIGN_POST = 16
+    _FULL_TAIL = 2
+    _ALIGN_TAIL = 4
+    _ALIGN_POST = 8
 
 
 cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens,
@@ -58,21 +57,22 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
     # Mamba caching (issue 52), with ``mc_on``: their steps are done here
     # too, group by group in the coordinator's order. A partial-tail
     # full-attention group: the base step's pool call and count, then its
-    # _cache_partial_tail_block unless _full_tail_idle proves it does
-    # nothing (decided after the pool call when the group cached a block,
-    # else before anything: no other group's step touches its keys). An
-    # align-mode group (MambaManager.cache_blocks over the base class's):
-    # the base step with its block mask (_align_mask: the sparse retention
-    # the coordinator's retention_interval asks for, read once per call),
-    # then its _cache_partial_tail_block unless _align_tail_none proves it
-    # returns None having done nothing (decided before anything: no step of
-    # any group changes what it reads) -- a checkpoint to re-key or evict,
-    # the prompt's tail or a junction to key stay vLLM's code, the hash it
-    # returns added to cached_blocks_this_step -- then, for the blocks the
-    # base step cached (its count before the tail step, which may lower
-    # it), each keyed one's hash added to cached_blocks_this_step and its
-    # boundary state offered (_align_offers). Everything decided, and
-    # anything unusual sent to the coordinator, before any change.
+    # tail step (_full_tail; when the group cached no block, skipped if
+    # _full_tail_none proves it does nothing -- decided before anything, as
+    # no other group's step touches its keys). An align-mode group
+    # (MambaManager.cache_blocks over the base class's): the base step with
+    # its block mask (_align_mask: the sparse retention the coordinator's
+    # retention_interval asks for, read once per call), then its tail step
+    # (_align_tail: a checkpoint re-keyed or evicted, the prompt's tail or
+    # a junction keyed; skipped if _align_tail_none proves it returns None
+    # having done nothing, decided before anything: no step of any group
+    # changes what it reads), the hash it returns added to
+    # cached_blocks_this_step, then, for the blocks the base step cached
+    # (its count before the tail step, which may lower it), each keyed
+    # one's hash added to cached_blocks_this_step and its boundary state
+    # offered (_align_offers). Everything decided, and anything unusual
+    # sent to the coordinator, before any change; a tail step's own unusual
+    # cases are its manager's method (counted).
     #
     # With ``cap_at_num_tokens`` (allocate_slots), ``num_tokens`` is capped
     # at the request's ``num_tokens`` first -- read only if a group could
@@ -141,8 +141,8 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
                 how |= _ALIGN_TAIL
         elif mc:
             if cached < full:
-                how = _BASE | _FULL_TAIL_CHECK
-            elif not _full_tail_idle(p, g, request, rid):
+                how = _BASE | _FULL_TAIL
+            elif not _full_tail_none(p, g, request, rid, given):
                 how = _FULL_TAIL
         elif cached < full:
             # (a partial-tail group's full blocks first: caching them may
@@ -189,15 +189,10 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
                     block_mask=mask,
                 )
             g.ncb[rid] = todo_full[i]
-        if how & _FULL_TAIL_CHECK and not _full_tail_idle(p, g, request, rid):
-            how |= _FULL_TAIL
         if how & _FULL_TAIL:
-            p.n_mc_fa_tails += 1
-            g.mgr._cache_partial_tail_block(request, todo_given[i])
+            _full_tail(p, g, request, rid, todo_given[i])
         if how & _ALIGN_TAIL:
-            p.n_mc_tails += 1
-            key = g.mgr._cache_partial_tail_block(
-                request, todo_given[i], retention_interval=retention)
+            key = _align_tail(p, g, request, rid, todo_given[i], retention)
             if key is not None:
                 g.mgr.cached_blocks_this_step.add(key)
         if how & _ALIGN_POST:
@@ -372,6 +367,74 @@ cdef bint _full_tail_idle(ManagerPlan p, _Group g, object request, object rid) e
         return False
     hit = (<PoolCore> p.pool_core)._map.get_hg_ptr(<PyObject *> key, <uint32_t> g.group_id)
     return hit == <PyObject *> block
+
+
+cdef int _full_boundary(ManagerPlan p, _Group g, object request, Py_ssize_t n,
+                        Py_ssize_t *boundary) except -1:
+    # FullAttentionManager._cache_partial_tail_block(request, n)'s boundary
+    # (its block larger than the hash block): the prompt's last hash
+    # boundary -- its proof limit P (0.32 on without EAGLE: P - 1) floored
+    # to the hash block, 0.33 on no more hash blocks than the request has.
+    # 0: it returns at once (no boundary, one past n, or one ending a
+    # block); 1: ``boundary`` is one to key; 2: unusual (a prompt that is
+    # not an int, a negative boundary): its own code.
+    cdef Py_ssize_t P, limit, nh, H = p.hash_block_size
+    if not _count(request.num_prompt_tokens, &P):
+        return 2
+    limit = P if (g.use_eagle or not p.tail_eagle_limit) else P - 1
+    nh = _floordiv(limit, H)
+    if p.cap_at_hashed:
+        hashes = request.block_hashes
+        if len(hashes) < nh:
+            nh = len(hashes)
+    boundary[0] = nh * H
+    if nh == 0 or nh * H > n:
+        return 0
+    if nh < 0:
+        return 2
+    return 0 if (nh * H) % g.block_size == 0 else 1
+
+
+cdef bint _full_tail_none(ManagerPlan p, _Group g, object request, object rid,
+                          Py_ssize_t n) except -1:
+    # Whether the group's tail step (_full_tail) does nothing.
+    cdef Py_ssize_t boundary
+    cdef int k = _full_boundary(p, g, request, n, &boundary)
+    return k == 0 or (k == 1 and _full_tail_idle(p, g, request, rid))
+
+
+cdef int _full_tail(ManagerPlan p, _Group g, object request, object rid,
+                    Py_ssize_t n) except -1:
+    # FullAttentionManager._cache_partial_tail_block(request, n), done here:
+    # at a boundary to key (_full_boundary), the table's block that holds
+    # it (the table made if the request has none, as vLLM's defaultdict
+    # does), if there is one, keyed at the boundary by the pool's
+    # cache_partial_block -- skipped when _full_tail_idle proves that call
+    # changes nothing (the key on that block already). Unusual cases: its
+    # own code (counted: n_mc_fa_tails).
+    cdef Py_ssize_t boundary, idx
+    cdef int k = _full_boundary(p, g, request, n, &boundary)
+    if k == 0:
+        return 0
+    if k == 2:
+        p.n_mc_fa_tails += 1
+        g.mgr._cache_partial_tail_block(request, n)
+        return 0
+    if _full_tail_idle(p, g, request, rid):
+        return 0
+    blocks = _req_blocks(g, rid)
+    idx = boundary // g.block_size
+    if idx >= len(blocks):
+        return 0
+    p.n_mc_partials += 1
+    p.pool.cache_partial_block(
+        request=request,
+        block=blocks[idx],
+        num_tokens=boundary,
+        kv_cache_group_id=g.group_id,
+        block_size=g.block_size,
+    )
+    return 0
 
 
 cdef int _cache_in_vllm(ManagerPlan p, object request, Py_ssize_t num_tokens) except -1:

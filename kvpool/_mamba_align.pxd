@@ -29,3 +29,6 @@ cdef bint _align_tail_none(ManagerPlan p, _Group g, object request, object rid,
 
 cdef object _align_mask(ManagerPlan p, _Group g, object request, Py_ssize_t start,
                         Py_ssize_t end, object retention, bint *ok)
+
+cdef object _align_tail(ManagerPlan p, _Group g, object request, object rid, Py_ssize_t n,
+                        object retention)

@@ -218,9 +218,11 @@ cdef class ManagerPlan:
     cdef Py_ssize_t mc_lookahead  # 0.33 on: the pool's num_hash_lookahead_tokens (tail)
     cdef Py_ssize_t n_mc_steps    # caching steps with such a group done here
     cdef Py_ssize_t n_mc_tails    # ... of them, an align group's tail step handed to vLLM's
-                                  # _cache_partial_tail_block (a checkpoint, the prompt tail)
+                                  # _cache_partial_tail_block (something unusual: _align_tail)
     cdef Py_ssize_t n_mc_fa_tails # ... a full-attention group's, to its _cache_partial_tail_block
     cdef Py_ssize_t n_mc_masks    # sparse-retention block masks built here
+    cdef Py_ssize_t n_mc_partials # the pool's cache_partial_block or _maybe_evict_cached_block
+                                  # called here (a tail step)
 
 
 cdef inline bint _count(object o, Py_ssize_t *out) except -1:

@@ -43,9 +43,11 @@ cdef class ManagerPlan:
         built here; caching steps with an align-mode Mamba group or a
         full-attention group registering partial tails done here
         (``mamba_cache``), the tail steps of those handed to vLLM's
-        ``_cache_partial_tail_block`` (``mamba_tail_calls``: a checkpoint to
-        re-key or the prompt's tail; ``full_tail_calls``) and the sparse
-        retention block masks built here (``sparse_masks``)."""
+        ``_cache_partial_tail_block`` (``mamba_tail_calls``,
+        ``full_tail_calls``: something unusual), the sparse retention block
+        masks built here (``sparse_masks``) and the tail steps' pool calls
+        made here (``partial_blocks``: cache_partial_block, or
+        _maybe_evict_cached_block for a transient checkpoint)."""
         return {
             "fast": self.n_fast,
             "adopt": self.n_adopt,
@@ -62,6 +64,7 @@ cdef class ManagerPlan:
             "mamba_tail_calls": self.n_mc_tails,
             "full_tail_calls": self.n_mc_fa_tails,
             "sparse_masks": self.n_mc_masks,
+            "partial_blocks": self.n_mc_partials,
         }
 
     @property
