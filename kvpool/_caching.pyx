@@ -123,8 +123,9 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
         elif not _count(<object> entry, &cached):
             return _cache_in_vllm(p, request, num_tokens)  # not an int: vLLM's code sees it
         how = 0
-        if mc and g.align:
-            if cached < full or not _align_tail_none(p, g, request, rid, given):
+        if mc and g.mamba:
+            # (mode "all", 0.30 and 0.31: no tail step, no offers)
+            if cached < full or (g.align and not _align_tail_none(p, g, request, rid, given)):
                 if not have_retention:
                     retention = p.coordinator.retention_interval
                     have_retention = True
@@ -137,7 +138,7 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
                         masks = [None] * p.ngroups
                     masks[i] = mask
                 how = _BASE | _ALIGN_POST
-            if not _align_tail_none(p, g, request, rid, given):
+            if g.align and not _align_tail_none(p, g, request, rid, given):
                 how |= _ALIGN_TAIL
         elif mc:
             if cached < full:
@@ -176,7 +177,7 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
             mask = None if masks is None else masks[todo_index[i]]
             if mask is not None:
                 p.n_mc_masks += 1
-            if p.core_caches and g.block_size == p.hash_block_size and not g.align:
+            if p.core_caches and g.block_size == p.hash_block_size and not g.mamba:
                 _core_caches(p, g, request, _req_blocks(g, rid), todo_cached[i], todo_full[i])
             else:
                 p.pool.cache_full_blocks(
@@ -201,7 +202,8 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
 
 
 cdef int _align_offers(_Group g, object rid, Py_ssize_t before, Py_ssize_t after) except -1:
-    # MambaManager.cache_blocks' end in align mode, for the blocks
+    # MambaManager.cache_blocks' end in align mode (mode "all": the hashes
+    # only), for the blocks
     # before..after its base step cached (after > before): each block keyed
     # (not null, its primary hash set; read after the tail step, which may
     # have re-keyed or evicted a checkpoint) has that hash added to the
@@ -222,6 +224,8 @@ cdef int _align_offers(_Group g, object rid, Py_ssize_t before, Py_ssize_t after
         if key is None:
             continue
         mgr.cached_blocks_this_step.add(key)
+        if not g.align:
+            continue  # (mode "all": no offers)
         ntok = block.block_hash_num_tokens
         if ntok is None:
             raise AssertionError

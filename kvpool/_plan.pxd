@@ -100,7 +100,8 @@ cdef class _Group:
     cdef Py_ssize_t group_id      # kv_cache_group_id
     cdef bint direct_cache        # its cache_blocks is done in C (see _cache)
     cdef bint estimates           # estimate_cached_tokens counts its blocks
-    # Mamba caching (issue 52): an align-mode group whose caching step is
+    # Mamba caching (issue 52): an align-mode group (or a mode-"all" one,
+    # 0.30 and 0.31: no tail step, no offers) whose caching step is
     # done in C (_cache: the base step's block mask and pool call, the
     # Mamba part's bookkeeping; its partial-tail step when it provably does
     # nothing, else vLLM's _cache_partial_tail_block), with what it reads:

@@ -341,7 +341,7 @@ cdef int _plan_mamba_caching(ManagerPlan p, object coordinator, object pool,
                              str eagle_drop_attr, bint cap_at_hashed,
                              int align_rules) except -1:
     # Mamba caching (issue 52): whether _cache does the caching step of an
-    # align-mode group, and of a full-attention group registering partial
+    # align-mode (or mode "all") group, and of a full-attention group registering partial
     # tails, itself (else the coordinator's, as before), and what it reads
     # that the manager fixes when built. Anything unexpected: not here.
     cdef _Group g
@@ -357,9 +357,11 @@ cdef int _plan_mamba_caching(ManagerPlan p, object coordinator, object pool,
     p.mc_junction_eagle = cap_at_hashed
     for x in p.groups:
         g = <_Group> x
-        if not (g.align and g.caches):
-            continue
         mgr = g.mgr
+        # (an align group; or 0.30, 0.31's mode "all": the same steps but
+        # the tail step and the offers)
+        if not (g.caches and (g.align or (g.mamba and mgr.mamba_cache_mode == "all"))):
+            continue
         tokens = mgr.cache_hit_alignment_tokens
         drop = mgr.use_eagle if align_rules == 30 else mgr.drop_eagle_checkpoint_block
         junction = (mgr.fine_grained_prefix_cache if align_rules == 30
