@@ -17,10 +17,23 @@ from kvpool._plan cimport (
     _Group, ManagerPlan, PyList_CheckExact, PyObject_Vectorcall, _count, _floordiv,
     _req_blocks, _exact_table, _hybrid_cacheable, _vllm_base,
 )
-from kvpool._mamba_align cimport _align_tail_idle
+from kvpool._mamba_align cimport _align_tail_idle, _align_tail_none, _align_mask, _align_tail
 
 from kvpool.hashing import _use_int_block_hashes
 from kvpool.hashing import maybe_convert_block_hash as _maybe_convert_block_hash
+
+
+# What _cache does for a group (its plan's step, bits of ``how``): the
+# base step's pool call and cached count; then, for a full-attention group
+# registering partial tails, its tail step (_full_tail: decided after that
+# call, as a full block cached may drop the tail's partial key); for an
+# align-mode Mamba group, its tail step (_align_tail), then the Mamba part's
+# bookkeeping of the blocks the base step cached.
+cdef enum:
+    _BASE = 1
+    _FULL_TAIL = 2
+    _ALIGN_TAIL = 4
+    _ALIGN_POST = 8
 
 
 cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens,
@@ -38,18 +51,44 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
     # (_hybrid_cacheable); 0.33 caps them at the request's hashed tokens.
     # A full-attention group whose block is larger than the hash block may
     # register a partial tail on any step, and an align-mode Mamba group
-    # may cache a partial tail or re-key a checkpoint: vLLM's code decides
-    # for them whenever that is not provably nothing.
+    # may cache a partial tail or re-key a checkpoint: without ``mc_on``
+    # vLLM's code decides for them whenever that is not provably nothing.
+    #
+    # Mamba caching (issue 52), with ``mc_on``: their steps are done here
+    # too, group by group in the coordinator's order. A partial-tail
+    # full-attention group: the base step's pool call and count, then its
+    # tail step (_full_tail; when the group cached no block, skipped if
+    # _full_tail_none proves it does nothing -- decided before anything, as
+    # no other group's step touches its keys). An align-mode group
+    # (MambaManager.cache_blocks over the base class's): the base step with
+    # its block mask (_align_mask: the sparse retention the coordinator's
+    # retention_interval asks for, read once per call), then its tail step
+    # (_align_tail: a checkpoint re-keyed or evicted, the prompt's tail or
+    # a junction keyed; skipped if _align_tail_none proves it returns None
+    # having done nothing, decided before anything: no step of any group
+    # changes what it reads), the hash it returns added to
+    # cached_blocks_this_step, then, for the blocks the base step cached
+    # (its count before the tail step, which may lower it), each keyed
+    # one's hash added to cached_blocks_this_step and its boundary state
+    # offered (_align_offers). Everything decided, and anything unusual
+    # sent to the coordinator, before any change; a tail step's own unusual
+    # cases are its manager's method (counted).
     #
     # With ``cap_at_num_tokens`` (allocate_slots), ``num_tokens`` is capped
     # at the request's ``num_tokens`` first -- read only if a group could
     # cache without the cap (a decode step seldom fills a block).
     cdef _Group g
-    cdef Py_ssize_t cacheable, full, cached, hashed = -1, i, ntodo = 0
+    cdef Py_ssize_t cacheable, given, full, cached, hashed = -1, i, ntodo = 0
     cdef Py_ssize_t todo_cached[64]
     cdef Py_ssize_t todo_full[64]
+    cdef Py_ssize_t todo_given[64]
     cdef int todo_index[64]
+    cdef int todo_how[64]
+    cdef int how, any_how = 0
+    cdef bint mc, ok, have_retention = False
     cdef PyObject *entry
+    cdef object retention = None
+    cdef object masks = None    # a list: each group's block mask (align groups)
     if cap_at_num_tokens:
         if _nothing_to_cache(p, rid, num_tokens):
             p.n_cache_skips += 1
@@ -65,7 +104,8 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
         g = <_Group> p.groups[i]
         if not g.caches:
             continue
-        if g.align and not _align_tail_idle(p, g, request, rid, num_tokens):
+        mc = p.mc_on and (g.mc_direct or (g.partial_tail and g.direct_cache))
+        if g.align and not mc and not _align_tail_idle(p, g, request, rid, num_tokens):
             return _cache_in_vllm(p, request, num_tokens)
         if p.hybrid:
             cacheable = _hybrid_cacheable(p, g, num_tokens)
@@ -73,6 +113,7 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
             cacheable = num_tokens - p.reprefillable
             if cacheable < 0:
                 cacheable = 0
+        given = cacheable
         if 0 <= hashed < cacheable:
             cacheable = hashed
         full = _floordiv(cacheable, g.block_size)
@@ -81,37 +122,114 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
             cached = 0
         elif not _count(<object> entry, &cached):
             return _cache_in_vllm(p, request, num_tokens)  # not an int: vLLM's code sees it
-        if cached < full:
+        how = 0
+        if mc and g.mamba:
+            # (mode "all", 0.30 and 0.31: no tail step, no offers)
+            if cached < full or (g.align and not _align_tail_none(p, g, request, rid, given)):
+                if not have_retention:
+                    retention = p.coordinator.retention_interval
+                    have_retention = True
+            if cached < full:
+                mask = _align_mask(p, g, request, cached, full, retention, &ok)
+                if not ok:
+                    return _cache_in_vllm(p, request, num_tokens)
+                if mask is not None:
+                    if masks is None:
+                        masks = [None] * p.ngroups
+                    masks[i] = mask
+                how = _BASE | _ALIGN_POST
+            if g.align and not _align_tail_none(p, g, request, rid, given):
+                how |= _ALIGN_TAIL
+        elif mc:
+            if cached < full:
+                how = _BASE | _FULL_TAIL
+            elif not _full_tail_none(p, g, request, rid, given):
+                how = _FULL_TAIL
+        elif cached < full:
             # (a partial-tail group's full blocks first: caching them may
             # promote its tail block's partial key, which its tail step then
             # registers again)
             if not g.direct_cache or g.partial_tail:
                 return _cache_in_vllm(p, request, num_tokens)
-            todo_index[ntodo] = i
-            todo_cached[ntodo] = cached
-            todo_full[ntodo] = full
-            ntodo += 1
+            how = _BASE
         elif g.partial_tail and not _full_tail_idle(p, g, request, rid):
             return _cache_in_vllm(p, request, num_tokens)
+        if how == 0:
+            continue
+        todo_index[ntodo] = i
+        todo_cached[ntodo] = cached
+        todo_full[ntodo] = full
+        todo_given[ntodo] = given
+        todo_how[ntodo] = how
+        any_how |= how
+        ntodo += 1
     if ntodo == 0:
         p.n_cache_skips += 1
         return 0
-    p.n_cache_direct += 1
+    if any_how & _BASE:
+        p.n_cache_direct += 1
+    if any_how & ~_BASE:
+        p.n_mc_steps += 1
     for i in range(ntodo):
         g = <_Group> p.groups[todo_index[i]]
-        if p.core_caches and g.block_size == p.hash_block_size:
-            _core_caches(p, g, request, _req_blocks(g, rid), todo_cached[i], todo_full[i])
-        else:
-            p.pool.cache_full_blocks(
-                request=request,
-                blocks=_req_blocks(g, rid),
-                num_cached_blocks=todo_cached[i],
-                num_full_blocks=todo_full[i],
-                block_size=g.block_size,
-                kv_cache_group_id=g.group_id,
-                block_mask=None,
-            )
-        g.ncb[rid] = todo_full[i]
+        how = todo_how[i]
+        if how & _BASE:
+            mask = None if masks is None else masks[todo_index[i]]
+            if mask is not None:
+                p.n_mc_masks += 1
+            if p.core_caches and g.block_size == p.hash_block_size and not g.mamba:
+                _core_caches(p, g, request, _req_blocks(g, rid), todo_cached[i], todo_full[i])
+            else:
+                p.pool.cache_full_blocks(
+                    request=request,
+                    blocks=_req_blocks(g, rid),
+                    num_cached_blocks=todo_cached[i],
+                    num_full_blocks=todo_full[i],
+                    block_size=g.block_size,
+                    kv_cache_group_id=g.group_id,
+                    block_mask=mask,
+                )
+            g.ncb[rid] = todo_full[i]
+        if how & _FULL_TAIL:
+            _full_tail(p, g, request, rid, todo_given[i])
+        if how & _ALIGN_TAIL:
+            key = _align_tail(p, g, request, rid, todo_given[i], retention)
+            if key is not None:
+                g.mgr.cached_blocks_this_step.add(key)
+        if how & _ALIGN_POST:
+            _align_offers(g, rid, todo_cached[i], todo_full[i])
+    return 0
+
+
+cdef int _align_offers(_Group g, object rid, Py_ssize_t before, Py_ssize_t after) except -1:
+    # MambaManager.cache_blocks' end in align mode (mode "all": the hashes
+    # only), for the blocks
+    # before..after its base step cached (after > before): each block keyed
+    # (not null, its primary hash set; read after the tail step, which may
+    # have re-keyed or evicted a checkpoint) has that hash added to the
+    # manager's cached_blocks_this_step and its boundary state offered --
+    # (request id, group id, block, its hash's token count) appended to
+    # _pending_boundary_state_offloads, read off the manager as vLLM does
+    # (free() rebinds it). A keyed block without a token count fails vLLM's
+    # assertion: the same AssertionError here, the earlier blocks' offers
+    # made, as there.
+    cdef Py_ssize_t idx
+    mgr = g.mgr
+    blocks = _req_blocks(g, rid)
+    for idx in range(before, after):
+        block = blocks[idx]
+        if block.is_null:
+            continue
+        key = block.block_hash
+        if key is None:
+            continue
+        mgr.cached_blocks_this_step.add(key)
+        if not g.align:
+            continue  # (mode "all": no offers)
+        ntok = block.block_hash_num_tokens
+        if ntok is None:
+            raise AssertionError
+        mgr._pending_boundary_state_offloads.append((rid, g.group_id, block, ntok))
     return 0
 
 
@@ -253,6 +371,74 @@ cdef bint _full_tail_idle(ManagerPlan p, _Group g, object request, object rid) e
         return False
     hit = (<PoolCore> p.pool_core)._map.get_hg_ptr(<PyObject *> key, <uint32_t> g.group_id)
     return hit == <PyObject *> block
+
+
+cdef int _full_boundary(ManagerPlan p, _Group g, object request, Py_ssize_t n,
+                        Py_ssize_t *boundary) except -1:
+    # FullAttentionManager._cache_partial_tail_block(request, n)'s boundary
+    # (its block larger than the hash block): the prompt's last hash
+    # boundary -- its proof limit P (0.32 on without EAGLE: P - 1) floored
+    # to the hash block, 0.33 on no more hash blocks than the request has.
+    # 0: it returns at once (no boundary, one past n, or one ending a
+    # block); 1: ``boundary`` is one to key; 2: unusual (a prompt that is
+    # not an int, a negative boundary): its own code.
+    cdef Py_ssize_t P, limit, nh, H = p.hash_block_size
+    if not _count(request.num_prompt_tokens, &P):
+        return 2
+    limit = P if (g.use_eagle or not p.tail_eagle_limit) else P - 1
+    nh = _floordiv(limit, H)
+    if p.cap_at_hashed:
+        hashes = request.block_hashes
+        if len(hashes) < nh:
+            nh = len(hashes)
+    boundary[0] = nh * H
+    if nh == 0 or nh * H > n:
+        return 0
+    if nh < 0:
+        return 2
+    return 0 if (nh * H) % g.block_size == 0 else 1
+
+
+cdef bint _full_tail_none(ManagerPlan p, _Group g, object request, object rid,
+                          Py_ssize_t n) except -1:
+    # Whether the group's tail step (_full_tail) does nothing.
+    cdef Py_ssize_t boundary
+    cdef int k = _full_boundary(p, g, request, n, &boundary)
+    return k == 0 or (k == 1 and _full_tail_idle(p, g, request, rid))
+
+
+cdef int _full_tail(ManagerPlan p, _Group g, object request, object rid,
+                    Py_ssize_t n) except -1:
+    # FullAttentionManager._cache_partial_tail_block(request, n), done here:
+    # at a boundary to key (_full_boundary), the table's block that holds
+    # it (the table made if the request has none, as vLLM's defaultdict
+    # does), if there is one, keyed at the boundary by the pool's
+    # cache_partial_block -- skipped when _full_tail_idle proves that call
+    # changes nothing (the key on that block already). Unusual cases: its
+    # own code (counted: n_mc_fa_tails).
+    cdef Py_ssize_t boundary, idx
+    cdef int k = _full_boundary(p, g, request, n, &boundary)
+    if k == 0:
+        return 0
+    if k == 2:
+        p.n_mc_fa_tails += 1
+        g.mgr._cache_partial_tail_block(request, n)
+        return 0
+    if _full_tail_idle(p, g, request, rid):
+        return 0
+    blocks = _req_blocks(g, rid)
+    idx = boundary // g.block_size
+    if idx >= len(blocks):
+        return 0
+    p.n_mc_partials += 1
+    p.pool.cache_partial_block(
+        request=request,
+        block=blocks[idx],
+        num_tokens=boundary,
+        kv_cache_group_id=g.group_id,
+        block_size=g.block_size,
+    )
+    return 0
 
 
 cdef int _cache_in_vllm(ManagerPlan p, object request, Py_ssize_t num_tokens) except -1:

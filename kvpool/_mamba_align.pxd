@@ -22,3 +22,13 @@ cdef list _align_new_blocks(ManagerPlan p, _Group g, object rid, list blocks,
                             Py_ssize_t main_tokens)
 
 cdef list _cow_new_blocks(ManagerPlan p, _Group g, object rid, list blocks, Py_ssize_t nnew)
+
+# Mamba caching (issue 52)
+cdef bint _align_tail_none(ManagerPlan p, _Group g, object request, object rid,
+                           Py_ssize_t n) except -1
+
+cdef object _align_mask(ManagerPlan p, _Group g, object request, Py_ssize_t start,
+                        Py_ssize_t end, object retention, bint *ok)
+
+cdef object _align_tail(ManagerPlan p, _Group g, object request, object rid, Py_ssize_t n,
+                        object retention)

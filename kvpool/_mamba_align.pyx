@@ -420,3 +420,247 @@ cdef list _cow_new_blocks(ManagerPlan p, _Group g, object rid, list blocks, Py_s
         g.mgr.new_block_ids.extend([b.block_id for b in new])
     new.insert(0, cow)
     return new
+
+
+# Mamba caching (issue 52): what _cache does of an align-mode group's
+# caching step (MambaManager.cache_blocks over the base class's).
+
+
+cdef bint _align_tail_none(ManagerPlan p, _Group g, object request, object rid,
+                           Py_ssize_t n) except -1:
+    # Whether the group's _cache_partial_tail_block(request, n, ...) returns
+    # None having changed nothing (``n``: the tokens the coordinator hands
+    # the group, before the base step's cap at the hashed tokens). Its
+    # checkpoint branch (a checkpoint recorded) always acts: False. Its
+    # prompt-tail branch returns None at once for an n that is not on a hash
+    # boundary (0.30, 0.31: also when the state block is the hash block, or
+    # n ends a block; 0.32 on: also for no n), then for an n that is not the
+    # prompt's last hash boundary -- 0.30, 0.31: floor(P / H) * H, EAGLE's
+    # drop one H lower (not below 0); 0.32 on: the prefill's checkpoint
+    # position, a proof limit of P with the drop, else P - max(1, lookahead
+    # hashes) (0.32: P - 1), floored to H, less H with the drop, not below
+    # 0 -- nor the shared-prefix junction (only with shared_prefix_checkpoint;
+    # any n equal to the junction is left to vLLM, which tests more); then
+    # for a block index (0.30, 0.31: n // bs; 0.32 on: cdiv(n, bs) - 1)
+    # beyond the table or a null block. Anything else -- no exact table,
+    # a negative index, a count that is not an int -- is not proven: False.
+    cdef Py_ssize_t P, H = p.hash_block_size, bs = g.block_size, tail, limit, b, spb
+    if PyDict_Contains(g.ckpts, rid):
+        return False
+    if p.align_rules >= 32:
+        if n <= 0 or _mod(n, H) != 0:
+            return True
+    else:
+        if bs == H or _mod(n, bs) == 0 or _mod(n, H) != 0:
+            return True
+    if not _count(request.num_prompt_tokens, &P):
+        return False
+    if p.align_rules >= 32:
+        if g.mc_drop:
+            limit = P
+        else:
+            limit = P - (p.mc_lookahead if p.mc_lookahead > 1 else 1)
+        tail = _floordiv(limit, H) * H
+        if g.mc_drop:
+            tail -= H
+    else:
+        tail = _floordiv(P, H) * H
+        if g.mc_drop:
+            tail -= H
+    if tail < 0:
+        tail = 0
+    if n != tail:
+        if not g.mc_junction:
+            return True
+        if not _count(request.shared_prefix_boundary, &spb):
+            return False
+        if n != spb:
+            return True
+    b = _cdiv(n, bs) - 1 if p.align_rules >= 32 else _floordiv(n, bs)
+    table = _exact_table(g, rid)
+    if table is None or b < 0:
+        return False
+    return b >= PyList_GET_SIZE(table) or <object> PyList_GET_ITEM(table, b) is p.null_block
+
+
+cdef inline int _mark(list mask, Py_ssize_t boundary, Py_ssize_t align, Py_ssize_t bs,
+                      Py_ssize_t start, Py_ssize_t end) except -1:
+    # reachable_block_mask's reachable boundary: the block ending on the
+    # boundary floored to the alignment, if it is one of start..end.
+    cdef Py_ssize_t blk = _floordiv(_floordiv(boundary, align) * align, bs) - 1
+    if start <= blk < end:
+        mask[blk - start] = True
+    return 0
+
+
+cdef object _align_mask(ManagerPlan p, _Group g, object request, Py_ssize_t start,
+                        Py_ssize_t end, object retention, bint *ok):
+    # The base step's block mask for blocks start..end (start < end), as
+    # its reachable_block_mask builds it: None (dense)
+    # without a retention interval or a hit alignment; else False per block,
+    # with a positive interval True on the last block of each of its
+    # segments (None if a segment is at most one block); then True on the
+    # block ending at each reachable boundary, floored to the alignment: the
+    # coordinator's replay boundaries (no EAGLE group: P - 1; else the
+    # resend's and the extension's, each one scheduler block lower, not
+    # below 0), the request's shared-prefix junction if any and, 0.33 on for
+    # an EAGLE group, the junction one block lower. ``ok`` False (and None)
+    # for a retention interval, prompt or junction that is not an int: the
+    # coordinator's code decides.
+    cdef Py_ssize_t r, per, first, i, n = end - start, P, spb, S = p.mc_sched
+    cdef Py_ssize_t bs = g.block_size, A = g.mc_align_tokens
+    cdef Py_ssize_t resend, ext
+    ok[0] = True
+    if retention is None or A == 0:
+        return None
+    if not (_count(retention, &r) and _count(request.num_prompt_tokens, &P)
+            and _count(request.shared_prefix_boundary, &spb)):
+        ok[0] = False
+        return None
+    if r != 0:
+        per = _floordiv(r, bs)
+        if per <= 1:
+            return None
+    mask = [False] * n
+    if r != 0:
+        first = _floordiv(start + per, per) * per - 1
+        i = first - start
+        while i < n:
+            mask[i] = True
+            i += per
+    if p.mc_replay_eagle:
+        resend = _floordiv(P - 1, S) * S - S
+        ext = _floordiv(P, S) * S - S
+        _mark(mask, resend if resend > 0 else 0, A, bs, start, end)
+        _mark(mask, ext if ext > 0 else 0, A, bs, start, end)
+    else:
+        _mark(mask, P - 1, A, bs, start, end)
+    if spb != 0:
+        _mark(mask, spb, A, bs, start, end)
+        if p.mc_junction_eagle and g.use_eagle:
+            _mark(mask, spb - bs, A, bs, start, end)
+    return mask
+
+
+cdef object _align_tail(ManagerPlan p, _Group g, object request, object rid, Py_ssize_t n,
+                        object retention):
+    # The group's _cache_partial_tail_block(request, n, retention_interval=
+    # retention), done here: its hash (or None). Decided first, then done;
+    # anything unusual -- a checkpoint that is not two ints, or its index
+    # outside the table (vLLM asserts), a count or junction that is not an
+    # int, a hit alignment of None, a negative block index -- is its own
+    # code, before any change (counted: n_mc_tails).
+    #
+    # A checkpoint recorded (pos, idx): its block, the table's at idx, is
+    # transient -- evicted from the pool's map (_maybe_evict_cached_block)
+    # -- when 0.30: the retention interval is 0, n is below the prompt and
+    # pos is not the junction; 0.31: also pos is not the prompt's own
+    # checkpoint position (the proof limit P - 1 floored to H, EAGLE's drop
+    # one H lower, not below 0); 0.32 on: pos is not the prompt's position
+    # (_prompt_position, over the hit alignment), nor retained (pos ends a
+    # state block that reachable_block_mask keeps with no boundaries: no
+    # interval, or a segment of at most one block, or a segment's last
+    # block), nor the junction. Else, unless its hash covers pos already,
+    # the pool's cache_partial_block re-keys it at pos, replacing its keys.
+    # No checkpoint: _align_tail_none's tests (the junction's exactly:
+    # with shared_prefix_checkpoint, n the junction, past the computed
+    # tokens and within the prompt), then the block at the tail's index:
+    # beyond the table or null, or (0.33 on) keyed at n already -- None;
+    # else the pool's cache_partial_block keys it at n and, if it returned
+    # a hash (0.32 on: and n ends inside the block), the pending
+    # copy-on-write, the lowered cached count and the producer's tail are
+    # recorded, in vLLM's order.
+    cdef Py_ssize_t P, H = p.hash_block_size, bs = g.block_size, pos, idx, spb, r = -1
+    cdef Py_ssize_t limit, prompt_pos, start, per, first, computed, nblocks
+    cdef bint transient, retained
+    cdef PyObject *entry = PyDict_GetItemWithError(g.ckpts, rid)
+    if not _count(request.num_prompt_tokens, &P):
+        return _tail_in_vllm(p, g, request, n, retention)
+    if retention is not None and not _count(retention, &r):
+        return _tail_in_vllm(p, g, request, n, retention)
+    if entry != NULL and <object> entry is not None:
+        cp = <object> entry
+        if not (PyTuple_CheckExact(cp) and PyTuple_GET_SIZE(cp) == 2
+                and _count(<object> PyTuple_GET_ITEM(cp, 0), &pos)
+                and _count(<object> PyTuple_GET_ITEM(cp, 1), &idx)
+                and _count(request.shared_prefix_boundary, &spb)):
+            return _tail_in_vllm(p, g, request, n, retention)
+        table = _exact_table(g, rid)
+        if table is None or not (0 <= idx < PyList_GET_SIZE(table)):
+            return _tail_in_vllm(p, g, request, n, retention)
+        if p.align_rules < 32:
+            transient = retention is not None and r == 0 and n < P and pos != spb
+            if transient and p.align_rules == 31:
+                prompt_pos = _floordiv(P - 1, H) * H - (H if g.mc_drop else 0)
+                transient = pos != (prompt_pos if prompt_pos > 0 else 0)
+        else:
+            if g.mc_align_tokens == 0:
+                return _tail_in_vllm(p, g, request, n, retention)
+            limit = P if g.mc_drop else P - (p.mc_lookahead if p.mc_lookahead > 1 else 1)
+            prompt_pos = (_floordiv(limit, g.mc_align_tokens) * g.mc_align_tokens
+                          - (g.mc_align_tokens if g.mc_drop else 0))
+            retained = False
+            if _mod(pos, bs) == 0:
+                if retention is None:
+                    retained = True
+                elif r != 0:
+                    per = _floordiv(r, bs)
+                    start = _floordiv(pos, bs) - 1
+                    first = _floordiv(start + per, per) * per - 1
+                    retained = per <= 1 or first == start
+            transient = (pos != (prompt_pos if prompt_pos > 0 else 0)
+                         and not retained and pos != spb)
+        block = <object> PyList_GET_ITEM(table, idx)
+        if transient:
+            p.n_mc_partials += 1
+            p.pool._maybe_evict_cached_block(block)
+            return None
+        if block.block_hash_num_tokens == pos:
+            return None
+        p.n_mc_partials += 1
+        return p.pool.cache_partial_block(
+            request=request, block=block, num_tokens=pos, kv_cache_group_id=g.group_id,
+            block_size=bs, replace_existing_hashes=True)
+    if _align_tail_none(p, g, request, rid, n):
+        return None
+    # (the tail, or the junction: _align_tail_none found one of them)
+    if p.align_rules >= 32:
+        limit = P if g.mc_drop else P - (p.mc_lookahead if p.mc_lookahead > 1 else 1)
+        prompt_pos = _floordiv(limit, H) * H - (H if g.mc_drop else 0)
+    else:
+        prompt_pos = _floordiv(P, H) * H - (H if g.mc_drop else 0)
+    if n != (prompt_pos if prompt_pos > 0 else 0):
+        # (the junction, as _align_tail_none found it: n, with
+        # shared_prefix_checkpoint)
+        if not (_count(request.shared_prefix_boundary, &spb)
+                and _count(request.num_computed_tokens, &computed)):
+            return _tail_in_vllm(p, g, request, n, retention)
+        if not (g.mc_junction and n == spb and computed < n <= P):
+            return None
+    idx = _cdiv(n, bs) - 1 if p.align_rules >= 32 else _floordiv(n, bs)
+    table = _exact_table(g, rid)
+    if table is None or idx < 0:
+        return _tail_in_vllm(p, g, request, n, retention)
+    nblocks = PyList_GET_SIZE(table)
+    if idx >= nblocks:
+        return None
+    source = <object> PyList_GET_ITEM(table, idx)
+    if source.is_null:
+        return None
+    if p.cap_at_hashed and source.block_hash_num_tokens == n:
+        return None
+    p.n_mc_partials += 1
+    key = p.pool.cache_partial_block(
+        request=request, block=source, num_tokens=n, kv_cache_group_id=g.group_id,
+        block_size=bs)
+    if key is not None and (p.align_rules < 32 or _mod(n, bs) != 0):
+        g.phr[rid] = (idx, source)
+        g.ncb[rid] = idx
+        g.mgr._producer_partial_tail_reqs[rid] = (source, n)
+    return key
+
+
+cdef object _tail_in_vllm(ManagerPlan p, _Group g, object request, Py_ssize_t n,
+                          object retention):
+    p.n_mc_tails += 1
+    return g.mgr._cache_partial_tail_block(request, n, retention_interval=retention)

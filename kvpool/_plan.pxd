@@ -100,6 +100,16 @@ cdef class _Group:
     cdef Py_ssize_t group_id      # kv_cache_group_id
     cdef bint direct_cache        # its cache_blocks is done in C (see _cache)
     cdef bint estimates           # estimate_cached_tokens counts its blocks
+    # Mamba caching (issue 52): an align-mode group (or a mode-"all" one,
+    # 0.30 and 0.31: no tail step, no offers) whose caching step is
+    # done in C (_cache: the base step's block mask and pool call, the
+    # Mamba part's bookkeeping; its partial-tail step when it provably does
+    # nothing, else vLLM's _cache_partial_tail_block), with what it reads:
+    cdef bint mc_direct
+    cdef Py_ssize_t mc_align_tokens  # cache_hit_alignment_tokens (0: None, a dense mask)
+    cdef bint mc_drop             # its tail's EAGLE drop (0.30: use_eagle, else
+                                  # drop_eagle_checkpoint_block)
+    cdef bint mc_junction         # shared_prefix_checkpoint (0.30: fine_grained_prefix_cache)
 
 
 cdef class _SpecGroup:
@@ -198,6 +208,22 @@ cdef class ManagerPlan:
     cdef tuple lookup_specs       # of _SpecGroup; None: not done here
     cdef bint margin_to_hashes    # 0.32 on: EAGLE's margin capped at the hashed tokens
     cdef bint map_direct          # the pool's get_cached_block is the compiled core's
+    # Mamba caching (issue 52): the caching step of align-mode groups and of
+    # full-attention groups registering partial tails done in C (see _cache;
+    # set in plan_for), with what the coordinator's replay boundaries and
+    # the base step's mask read:
+    cdef bint mc_on
+    cdef bint mc_replay_eagle     # the coordinator's (drop_)eagle_group_ids is not empty
+    cdef Py_ssize_t mc_sched      # coordinator.scheduler_block_size
+    cdef bint mc_junction_eagle   # 0.33 on: an EAGLE group keeps the junction - bs too
+    cdef Py_ssize_t mc_lookahead  # 0.33 on: the pool's num_hash_lookahead_tokens (tail)
+    cdef Py_ssize_t n_mc_steps    # caching steps with such a group done here
+    cdef Py_ssize_t n_mc_tails    # ... of them, an align group's tail step handed to vLLM's
+                                  # _cache_partial_tail_block (something unusual: _align_tail)
+    cdef Py_ssize_t n_mc_fa_tails # ... a full-attention group's, to its _cache_partial_tail_block
+    cdef Py_ssize_t n_mc_masks    # sparse-retention block masks built here
+    cdef Py_ssize_t n_mc_partials # the pool's cache_partial_block or _maybe_evict_cached_block
+                                  # called here (a tail step)
 
 
 cdef inline bint _count(object o, Py_ssize_t *out) except -1:

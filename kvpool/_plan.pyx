@@ -40,7 +40,14 @@ cdef class ManagerPlan:
         coordinator, called the pool's ``cache_full_blocks`` from here, or
         found nothing to cache; prefix-cache lookups and common-prefix counts
         (0.30, 0.31) done here; ``BlockStored`` events of plain requests
-        built here."""
+        built here; caching steps with an align-mode Mamba group or a
+        full-attention group registering partial tails done here
+        (``mamba_cache``), the tail steps of those handed to vLLM's
+        ``_cache_partial_tail_block`` (``mamba_tail_calls``,
+        ``full_tail_calls``: something unusual), the sparse retention block
+        masks built here (``sparse_masks``) and the tail steps' pool calls
+        made here (``partial_blocks``: cache_partial_block, or
+        _maybe_evict_cached_block for a transient checkpoint)."""
         return {
             "fast": self.n_fast,
             "adopt": self.n_adopt,
@@ -53,6 +60,11 @@ cdef class ManagerPlan:
             "lookups": self.n_lookups,
             "common_prefix": self.n_common,
             "plain_events": self.n_plain_events,
+            "mamba_cache": self.n_mc_steps,
+            "mamba_tail_calls": self.n_mc_tails,
+            "full_tail_calls": self.n_mc_fa_tails,
+            "sparse_masks": self.n_mc_masks,
+            "partial_blocks": self.n_mc_partials,
         }
 
     @property
@@ -321,7 +333,49 @@ def plan_for(manager, *, kv_cache_blocks, request_status, full_cls, sliding_cls,
     p.zero_chunk_adopts = zero_chunk_adopts
     if p.hash_block_size <= 0:
         return None, "a hash block size that is not positive"
+    _plan_mamba_caching(p, coordinator, pool, eagle_drop_attr, cap_at_hashed, align_rules)
     return p, None
+
+
+cdef int _plan_mamba_caching(ManagerPlan p, object coordinator, object pool,
+                             str eagle_drop_attr, bint cap_at_hashed,
+                             int align_rules) except -1:
+    # Mamba caching (issue 52): whether _cache does the caching step of an
+    # align-mode (or mode "all") group, and of a full-attention group registering partial
+    # tails, itself (else the coordinator's, as before), and what it reads
+    # that the manager fixes when built. Anything unexpected: not here.
+    cdef _Group g
+    sched = getattr(coordinator, "scheduler_block_size", None)
+    lookahead = getattr(pool, "num_hash_lookahead_tokens", 0) if cap_at_hashed else 0
+    eagle = getattr(coordinator, eagle_drop_attr, None)
+    if not (type(sched) is int and sched > 0 and type(lookahead) is int and lookahead >= 0
+            and isinstance(eagle, (set, frozenset))):
+        return 0
+    p.mc_sched = sched
+    p.mc_lookahead = lookahead
+    p.mc_replay_eagle = bool(eagle)
+    p.mc_junction_eagle = cap_at_hashed
+    for x in p.groups:
+        g = <_Group> x
+        mgr = g.mgr
+        # (an align group; or 0.30, 0.31's mode "all": the same steps but
+        # the tail step and the offers)
+        if not (g.caches and (g.align or (g.mamba and mgr.mamba_cache_mode == "all"))):
+            continue
+        tokens = mgr.cache_hit_alignment_tokens
+        drop = mgr.use_eagle if align_rules == 30 else mgr.drop_eagle_checkpoint_block
+        junction = (mgr.fine_grained_prefix_cache if align_rules == 30
+                    else mgr.shared_prefix_checkpoint)
+        if not (tokens is None or (type(tokens) is int and tokens > 0)):
+            continue
+        if mgr.kv_cache_spec.prefix_cacheable is not True:
+            continue  # (0.31 on, its base step returns early: vLLM's code)
+        g.mc_align_tokens = 0 if tokens is None else tokens
+        g.mc_drop = bool(drop)
+        g.mc_junction = bool(junction)
+        g.mc_direct = True
+    p.mc_on = True
+    return 0
 
 
 # What RSWAManager may define itself for these paths to serve it: all the
