@@ -356,9 +356,10 @@ cdef frozenset _CROSS_OWN = frozenset({
 # add (_group_new_blocks); each of its other overrides is either the base
 # class's path outside "align" (_remove_blocks_in_range,
 # remove_skipped_blocks, pop_blocks_for_free: vLLM's code, called as vLLM
-# calls it), or vLLM's own: its lookup (_plan_lookup leaves Mamba to
-# vLLM's), a call adopting its hit (its count refuses a hit cached this
-# step: _allocate hands the call to vLLM's code), its cache_blocks (the
+# calls it), or vLLM's own: its lookup (outside "align"; in "align"
+# _mamba_specs plans it beside full attention), a call adopting its hit
+# (its count refuses a hit cached this step: _allocate hands the call to
+# vLLM's code), its cache_blocks (the
 # base class's and its record of the step's cached hashes: called through
 # the coordinator's whenever it has a block to cache, see _cache),
 # new_step_starts, the common-prefix count of 0.30, 0.31. Its "align" mode:
@@ -438,7 +439,8 @@ cdef int _plan_lookup(ManagerPlan p, object coordinator, object full_cls, object
     # spec is not prefix-cacheable, so vLLM's hybrid coordinator leaves it
     # out of the lookup (its hit is an empty list) whatever its block size.
     # lookup_specs stays None otherwise, and vLLM's method looks up. Every
-    # lookup's block is then the hash block.
+    # lookup's block is then the hash block -- but with a Mamba align group
+    # (issue 52), whose lookup beside full attention _mamba_specs plans.
     cdef _Group g
     cdef tuple specs
     cdef Py_ssize_t bs = p.hash_block_size
@@ -558,7 +560,7 @@ cdef tuple _mamba_specs(ManagerPlan p, object coordinator, object full_cls, Py_s
     # specs, a fine-grained branch whose alignment is not the hash block
     # (vLLM's would index the hashes at the alignment), a group that retains
     # longer hits, Mamba outside "align", more than 8 groups of a spec.
-    cdef _SpecGroup full, mamba
+    cdef _SpecGroup s
     cdef _Group g
     cdef Py_ssize_t align, block
     cdef bint partial = bool(getattr(coordinator, "enable_partial_hash_hits", False))
