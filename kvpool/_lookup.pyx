@@ -1,7 +1,8 @@
 """The prefix-cache lookup of kvpool's manager
 (``KVCacheManager.get_computed_blocks``): the finders of full attention,
 a sliding window and chunked local attention over the core's hash map, and
-the hybrid coordinator's spec groups; ``estimate_cached_tokens``."""
+the hybrid coordinator's spec groups, Mamba align beside full attention
+among them (issue 52); ``estimate_cached_tokens``."""
 
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport PyObject
@@ -201,6 +202,128 @@ cdef object _lookup_specs(ManagerPlan p, list hashes, Py_ssize_t max_length):
     return tuple(by_group), curr, longest - curr
 
 
+# Mamba lookup (issue 52)
+
+cdef inline int _truncate(_SpecGroup s, list out, Py_ssize_t n) except -1:
+    # Each group's list of out cut to its first n blocks.
+    cdef Py_ssize_t j
+    for j in range(s.ngids):
+        if PyList_GET_SIZE(<list> PyList_GET_ITEM(out, j)) > n:
+            del (<list> PyList_GET_ITEM(out, j))[n:]
+    return 0
+
+
+cdef Py_ssize_t _find_full_sized(ManagerPlan p, _SpecGroup s, object get_cached_block, list hashes,
+                                 Py_ssize_t max_length, bint drop, list out) except -1:
+    # FullAttentionManager.find_longest_cache_hit at the spec's block s.block
+    # (s.scale hash blocks) and the coordinator's alignment A: the blocks
+    # from the first to the first miss, block i's hash the last hash block's
+    # in it (vLLM's BlockHashListWithBlockSize); in the fine-grained branch
+    # (A the hash block, below the block) then the first block past them
+    # probed at its inner hash boundaries, highest first, the first hit
+    # appended. EAGLE drops the least of A and the block; the hit is rounded
+    # down to A and each list cut to the blocks it reaches.
+    cdef Py_ssize_t i, f, top, k = 0, hit, a = p.lookup_align
+    cdef Py_ssize_t bsz = s.block, sc = s.scale, nraw = PyList_GET_SIZE(hashes)
+    cdef Py_ssize_t n = max_length // bsz
+    cdef PyObject *got[8]
+    cdef list holder = [None]
+    if n > nraw // sc:
+        n = nraw // sc
+    for i in range(n):
+        if not _probe(p, s, get_cached_block, _hash_at(hashes, (i + 1) * sc - 1), got, holder):
+            break
+        _append_hit(s, out, got)
+        k += 1
+    hit = k * bsz
+    if s.fine:
+        top = k * sc + sc - 1
+        if top > max_length // a:
+            top = max_length // a
+        if top > nraw:
+            top = nraw
+        for f in range(top - 1, k * sc - 1, -1):
+            if _probe(p, s, get_cached_block, _hash_at(hashes, f), got, holder):
+                _append_hit(s, out, got)
+                hit = (f + 1) * a
+                break
+    if drop and hit > 0:
+        hit -= a if a < bsz else bsz
+    hit -= hit % a  # (hit >= 0)
+    _truncate(s, out, _cdiv(hit, bsz))
+    return hit
+
+
+cdef Py_ssize_t _find_mamba(ManagerPlan p, _SpecGroup s, object get_cached_block, list hashes,
+                            Py_ssize_t max_length, list out) except -1:
+    # MambaManager.find_longest_cache_hit (align mode; EAGLE's drop ignored,
+    # as vLLM's): from the right, the first hit. In the fine-grained branch
+    # (the alignment A the hash block, below the block) over the hash
+    # blocks, the hit (f + 1) * A; otherwise over the blocks (block i's hash
+    # the last hash block's in it), a hit whose end is not a multiple of A
+    # passed over. Each list: null blocks up to the hit's block, then it.
+    cdef Py_ssize_t i, f, j, top, a = p.lookup_align, bsz = s.block, sc = s.scale
+    cdef PyObject *got[8]
+    cdef list holder = [None]
+    if s.fine:
+        top = max_length // a
+        if top > PyList_GET_SIZE(hashes):
+            top = PyList_GET_SIZE(hashes)
+        for f in range(top - 1, -1, -1):
+            if _probe(p, s, get_cached_block, _hash_at(hashes, f), got, holder):
+                for j in range(s.ngids):
+                    (<list> PyList_GET_ITEM(out, j)).extend([p.null_block] * (f // sc))
+                _append_hit(s, out, got)
+                return (f + 1) * a
+        return 0
+    for i in range(max_length // bsz - 1, -1, -1):
+        # (the bound is at most the hashed tokens: _lookup_mamba's full
+        # attention hit; _hash_at checks it)
+        if _probe(p, s, get_cached_block, _hash_at(hashes, (i + 1) * sc - 1), got, holder):
+            if bsz != a and (i + 1) * bsz % a != 0:
+                continue
+            for j in range(s.ngids):
+                (<list> PyList_GET_ITEM(out, j)).extend([p.null_block] * i)
+            _append_hit(s, out, got)
+            return (i + 1) * bsz
+    return 0
+
+
+cdef object _lookup_mamba(ManagerPlan p, list hashes, Py_ssize_t max_length):
+    # The hybrid coordinator's find_longest_cache_hit over full attention
+    # and Mamba align (_mamba_specs): a simple hybrid, so one pass -- full
+    # attention at the bound (an EAGLE drop's margin past it, capped at the
+    # bound, 0.30-0.31, or the hashed tokens, 0.32 on), Mamba at its hit --
+    # then full attention cut to the blocks of the hit (Mamba's lists are
+    # not). Returns (blocks of each group, hit, uncached common prefix).
+    cdef _SpecGroup full = <_SpecGroup> p.lookup_specs[0]
+    cdef _SpecGroup mamba = <_SpecGroup> p.lookup_specs[1]
+    cdef Py_ssize_t j, reach = max_length, cap, full_hit, curr, hit
+    cdef list by_group = [None] * p.ngroups
+    cdef list out_full = [[] for j in range(full.ngids)]
+    cdef list out_mamba = [[] for j in range(mamba.ngids)]
+    get_cached_block = p.pool.get_cached_block
+    if full.drop_eagle:
+        cap = PyList_GET_SIZE(hashes) * p.hash_block_size if p.margin_to_hashes else max_length
+        reach = max_length + full.margin
+        if reach > cap:
+            reach = cap
+    full_hit = _find_full_sized(p, full, get_cached_block, hashes, reach, full.drop_eagle, out_full)
+    curr = _find_mamba(p, mamba, get_cached_block, hashes, full_hit, out_mamba)
+    # (vLLM keeps the bound when the pass did not shrink it; the longest
+    # hit is full attention's: Mamba's is at most its bound)
+    hit = curr if curr < max_length else max_length
+    _truncate(full, out_full, _cdiv(hit, full.block))
+    for j in range(full.ngids):
+        by_group[<Py_ssize_t> full.group_ids[j]] = out_full[j]
+    for j in range(mamba.ngids):
+        by_group[<Py_ssize_t> mamba.group_ids[j]] = out_mamba[j]
+    for j in range(p.ngroups):
+        if by_group[j] is None:
+            by_group[j] = []
+    return tuple(by_group), hit, (full_hit if full_hit > curr else curr) - hit
+
+
 cdef object _computed_blocks(self, request, max_cache_hit_length, bint hit_limit=False):
     # KVCacheManager.get_computed_blocks where the plan looks up here
     # (_plan_lookup, _lookup_specs); _VLLM for any other case, before
@@ -230,7 +353,10 @@ cdef object _computed_blocks(self, request, max_cache_hit_length, bint hit_limit
     if not _count(max_cache_hit_length, &max_length) or max_length < 0 \
             or not PyList_CheckExact(hashes):
         return _VLLM
-    found = _lookup_specs(p, <list> hashes, max_length)
+    if p.mamba_lookup:
+        found = _lookup_mamba(p, <list> hashes, max_length)
+    else:
+        found = _lookup_specs(p, <list> hashes, max_length)
     if found is _VLLM:
         return _VLLM
     computed, num_new_computed, uncached = found
@@ -245,12 +371,23 @@ cdef object _computed_blocks(self, request, max_cache_hit_length, bint hit_limit
     )
 
 
+cdef int _count_base(self) except -1:
+    # A get_computed_blocks call handed to vLLM's method (counted where the
+    # manager has a plan).
+    plan = self._kvpool_plan
+    if plan is not None:
+        (<ManagerPlan> plan).n_lookups_base += 1
+    return 0
+
+
 def get_computed_blocks(self, request, max_cache_hit_length=None):
     """vLLM 0.33's ``KVCacheManager.get_computed_blocks``: the prefix-cache
-    hit looked up in C for one full-attention group whose block is the hash
-    block; vLLM's own method otherwise."""
+    hit looked up in C where the plan says so (one full-attention or
+    sliding-window group, the simple hybrids of the hash block, full
+    attention + Mamba align: ``_plan_lookup``); vLLM's own method otherwise."""
     result = _computed_blocks(self, request, max_cache_hit_length)
     if result is _VLLM:
+        _count_base(self)
         return _vllm_base(self, "get_computed_blocks")(self, request, max_cache_hit_length)
     return result
 
@@ -261,6 +398,7 @@ def get_computed_blocks_0_34(self, request, max_cache_hit_length=None):
     ``get_computed_blocks``."""
     result = _computed_blocks(self, request, max_cache_hit_length, True)
     if result is _VLLM:
+        _count_base(self)
         return _vllm_base(self, "get_computed_blocks")(self, request, max_cache_hit_length)
     return result
 
@@ -270,6 +408,7 @@ def get_computed_blocks_0_30(self, request):
     ``max_cache_hit_length``), as ``get_computed_blocks``."""
     result = _computed_blocks(self, request, None)
     if result is _VLLM:
+        _count_base(self)
         return _vllm_base(self, "get_computed_blocks")(self, request)
     return result
 

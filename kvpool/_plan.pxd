@@ -127,6 +127,15 @@ cdef class _SpecGroup:
     # The group ids as the core's hash map keys them (at most 8: _spec_group
     # makes no _SpecGroup of more, so the lookup's hit arrays of 8 hold them).
     cdef uint32_t gids[8]
+    # Mamba lookup (issue 52): the hybrid coordinator's full attention +
+    # Mamba "align" (_mamba_specs, _lookup_mamba), each finder at its spec's
+    # block, which may be a multiple of the hash block.
+    cdef bint mamba               # MambaManager's finder (else full attention's)
+    cdef Py_ssize_t block         # the spec's block size (a multiple of the hash block)
+    cdef Py_ssize_t scale         # block // hash block: block i's hash is hashes[(i+1)*scale - 1]
+    cdef bint fine                # the finder's fine-grained branch (alignment < block, a divisor
+                                  # of it; then the alignment is the hash block)
+    cdef Py_ssize_t margin        # tokens an EAGLE drop looks past the hit (full attention)
 
 
 cdef class ManagerPlan:
@@ -224,6 +233,12 @@ cdef class ManagerPlan:
     cdef Py_ssize_t n_mc_masks    # sparse-retention block masks built here
     cdef Py_ssize_t n_mc_partials # the pool's cache_partial_block or _maybe_evict_cached_block
                                   # called here (a tail step)
+    # Mamba lookup (issue 52): lookup_specs is (full attention, Mamba align)
+    # and _lookup_mamba looks up; the hybrid coordinator's cache-hit
+    # alignment (tokens); get_computed_blocks calls handed to vLLM's method.
+    cdef bint mamba_lookup
+    cdef Py_ssize_t lookup_align
+    cdef Py_ssize_t n_lookups_base
 
 
 cdef inline bint _count(object o, Py_ssize_t *out) except -1:

@@ -6,7 +6,7 @@ all (each refusal says why). Data layout: ``_plan.pxd``."""
 cimport cython
 from libc.stdint cimport uint32_t
 from kvpool._core cimport PoolCore
-from kvpool._plan cimport PyDict_Check, PySet_Check, _cdiv
+from kvpool._plan cimport MAX_COUNT, PyDict_Check, PySet_Check, _cdiv
 
 
 @cython.final
@@ -47,7 +47,9 @@ cdef class ManagerPlan:
         ``full_tail_calls``: something unusual), the sparse retention block
         masks built here (``sparse_masks``) and the tail steps' pool calls
         made here (``partial_blocks``: cache_partial_block, or
-        _maybe_evict_cached_block for a transient checkpoint)."""
+        _maybe_evict_cached_block for a transient checkpoint);
+        ``lookups_base``: ``get_computed_blocks`` calls handed to
+        vLLM's method."""
         return {
             "fast": self.n_fast,
             "adopt": self.n_adopt,
@@ -65,6 +67,7 @@ cdef class ManagerPlan:
             "full_tail_calls": self.n_mc_fa_tails,
             "sparse_masks": self.n_mc_masks,
             "partial_blocks": self.n_mc_partials,
+            "lookups_base": self.n_lookups_base,
         }
 
     @property
@@ -408,9 +411,10 @@ cdef frozenset _CROSS_OWN = frozenset({
 # add (_group_new_blocks); each of its other overrides is either the base
 # class's path outside "align" (_remove_blocks_in_range,
 # remove_skipped_blocks, pop_blocks_for_free: vLLM's code, called as vLLM
-# calls it), or vLLM's own: its lookup (_plan_lookup leaves Mamba to
-# vLLM's), a call adopting its hit (its count refuses a hit cached this
-# step: _allocate hands the call to vLLM's code), its cache_blocks (the
+# calls it), or vLLM's own: its lookup (outside "align"; in "align"
+# _mamba_specs plans it beside full attention), a call adopting its hit
+# (its count refuses a hit cached this step: _allocate hands the call to
+# vLLM's code), its cache_blocks (the
 # base class's and its record of the step's cached hashes: called through
 # the coordinator's whenever it has a block to cache, see _cache),
 # new_step_starts, the common-prefix count of 0.30, 0.31. Its "align" mode:
@@ -490,11 +494,19 @@ cdef int _plan_lookup(ManagerPlan p, object coordinator, object full_cls, object
     # spec is not prefix-cacheable, so vLLM's hybrid coordinator leaves it
     # out of the lookup (its hit is an empty list) whatever its block size.
     # lookup_specs stays None otherwise, and vLLM's method looks up. Every
-    # lookup's block is then the hash block.
+    # lookup's block is then the hash block -- but with a Mamba align group
+    # (issue 52), whose lookup beside full attention _mamba_specs plans.
     cdef _Group g
     cdef tuple specs
     cdef Py_ssize_t bs = p.hash_block_size
     if p.ngroups == 0:
+        return 0
+    if p.has_align and type(coordinator) is hybrid_cls:
+        # Mamba lookup (issue 52): full attention + Mamba align, or vLLM's.
+        specs = _mamba_specs(p, coordinator, full_cls, bs)
+        if specs is not None and None not in specs:
+            p.lookup_specs = specs
+            p.mamba_lookup = True
         return 0
     for x in p.groups:
         g = <_Group> x
@@ -577,6 +589,88 @@ cdef tuple _hybrid_specs(ManagerPlan p, object coordinator, object full_cls, obj
         _spec_group(full.group_ids, False, bool(full.use_eagle), 0, bs),
         _spec_group(window.group_ids, True, bool(window.use_eagle), window.spec.sliding_window, bs),
     )
+
+
+cdef bint _spec_is(object spec, str name):
+    # isinstance(spec, <vLLM's spec class called name>), by the class's MRO.
+    return any(c.__name__ == name for c in type(spec).__mro__)
+
+
+cdef tuple _mamba_specs(ManagerPlan p, object coordinator, object full_cls, Py_ssize_t bs):
+    # Mamba lookup (issue 52). The hybrid coordinator's lookup done in C
+    # (_lookup_mamba) when its spec groups are one of full attention then one
+    # of Mamba in "align" mode (NemotronH; Qwen3-Next's three Mamba groups
+    # of one spec look up as one), beside only circular buffers' groups,
+    # which vLLM's lookup leaves out: a "simple hybrid", whose fixed-point
+    # loop ends after one pass. Each finder runs at its spec's block (a
+    # multiple of the hash block, vLLM asserts it), through vLLM's view of
+    # the hashes at that block or, in the finders' fine-grained branch, the
+    # hashes themselves, with the coordinator's alignment (the hash block
+    # when partial hash hits are on, else the scheduler block). EAGLE: full
+    # attention looks one margin further and drops (the line's cap on the
+    # margin: margin_to_hashes), Mamba's finder ignores the drop. None (the
+    # lookup is vLLM's) for anything else: a sliding window beside Mamba
+    # (vLLM's fixed point over three spec groups, a window finder at a block
+    # other than the hash block -- not proven here), two full-attention
+    # specs, a fine-grained branch whose alignment is not the hash block
+    # (vLLM's would index the hashes at the alignment), a group that retains
+    # longer hits, Mamba outside "align", more than 8 groups of a spec.
+    cdef _SpecGroup s
+    cdef _Group g
+    cdef Py_ssize_t align, block
+    cdef bint partial = bool(getattr(coordinator, "enable_partial_hash_hits", False))
+    alignment = coordinator._cache_hit_alignment_tokens
+    if not isinstance(alignment, int) or not 0 < alignment <= MAX_COUNT:
+        return None
+    align = alignment
+    for x in p.groups:
+        g = <_Group> x
+        if g.unlooked:
+            continue
+        if (g.mamba and not g.align) or getattr(g.mgr, "retains_longer_hit", False):
+            return None
+    groups = coordinator.attention_groups
+    if len(groups) != 2 or align % bs or not _covers(p, tuple(groups)):
+        return None
+    specs = []
+    for k in range(2):
+        group = groups[k]
+        spec = group.spec
+        if not isinstance(spec.block_size, int) or not 0 < spec.block_size <= MAX_COUNT:
+            return None
+        block = spec.block_size
+        if block % bs:
+            return None
+        for gid in group.group_ids:
+            if not (isinstance(gid, int) and 0 <= gid < p.ngroups):
+                return None
+            g = <_Group> p.groups[gid]
+            if type(g.mgr) is not group.manager_cls or g.block_size != block:
+                return None
+            if k == 0 and group.manager_cls is not full_cls:
+                return None
+            if k == 1 and not g.align:
+                return None
+        if not (_spec_is(spec, "FullAttentionSpec") if k == 0 else
+                _spec_is(spec, "MambaSpec") and not _spec_is(spec, "FullAttentionSpec")):
+            return None
+        if not group.manager_cls.supports_fine_grained_hash_lookup:
+            return None
+        s = _spec_group(group.group_ids, False, bool(group.use_eagle), 0, bs)
+        if s is None:
+            return None
+        s.mamba = k == 1
+        s.block = block
+        s.scale = block // bs
+        s.fine = align < block and block % align == 0
+        if s.fine and align != bs:
+            return None
+        # (vLLM's eagle_proof_margin, 0.30 and 0.31 inline: a hash block for
+        # a fine-grained lookup, else the group's block; none for Mamba)
+        s.margin = 0 if s.mamba else (bs if partial and block > bs else block)
+        specs.append(s)
+    p.lookup_align = align
+    return tuple(specs)
 
 
 # What each keyword of a plain request's BlockStored is (_plain_stored).

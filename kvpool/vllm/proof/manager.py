@@ -458,6 +458,23 @@ def workloads(scale: float | None = None) -> dict[str, Any]:
             groups=(vw.Group("full", 16), vw.Group("mamba", 16, **ckpt)),
             num_requests=_n(100), token_budget=32, num_blocks=100,
         )
+        # ... and beside full attention of 4 state blocks: no partial hash
+        # hits (the state block is the hash block), so the hits' alignment is
+        # the scheduler block, and the Mamba lookup passes over the states it
+        # finds between two of its multiples (issue 52: in C).
+        out["full64+mamba16-ckpt"] = out["mamba-ckpt"].scaled(
+            name="full attention of 64-token blocks + Mamba align of the hash block",
+            groups=(vw.Group("full", 64), vw.Group("mamba", 16, **ckpt)),
+            num_requests=_n(100), num_blocks=100,
+        )
+        # ... three Mamba groups of one spec (Qwen3-Next's layout): looked up
+        # together, every group must hit.
+        out["full+3mamba-ckpt"] = out["mamba-ckpt"].scaled(
+            name="full attention + three Mamba align groups of one spec",
+            groups=(vw.Group("full", 16), vw.Group("mamba", 64, **ckpt),
+                    vw.Group("mamba", 64, **ckpt), vw.Group("mamba", 64, **ckpt)),
+            num_blocks=600,
+        )
         # ... and without checkpoint blocks: a running request's chunk that
         # crosses two state blocks or more moves its speculative blocks past the
         # new state's slot (kvpool does it in C).
@@ -829,11 +846,22 @@ class Suite:
             # done in C -- hits adopted on admission, and a hit ending inside
             # a block (a partial hit, where a block is larger than the hash
             # block) copied on write, a new request's or a running one's
-            # after its prompt-tail step; every lookup is vLLM's code.
-            need(counts["lookups"] == 0, "a lookup in C (Mamba align: vLLM's code)", counts)
+            # after its prompt-tail step. Every lookup is done in C too
+            # beside one full-attention spec (issue 52): the hybrid
+            # coordinator's pass over full attention and Mamba, each at its
+            # own block; none is handed to vLLM's method.
+            looked_up = [g for g in w.groups if g.kind not in ("ring", "kpool-tail")]
+            if [g.kind for g in looked_up].count("full") == 1 and all(
+                    g.kind in ("full", "mamba") for g in looked_up):
+                need(counts["lookups"] > 0 and counts["lookups_base"] == 0,
+                     "a lookup in vLLM's code, or none in C", counts)
+                need(got.prefix_hit_tokens > 0, f"no prefix-cache hit ({got})")
+            else:
+                need(counts["lookups"] == 0, "a lookup in C (these groups: vLLM's code)", counts)
             need(counts["base"] == 0 and counts["adopt"] > 0,
                  "an allocation in vLLM's code, or no hit adopted in C", counts)
-            if any(g.block_size > w.hash_block_size for g in w.groups):
+            # (partial hits: a Mamba block larger than the hash block)
+            if any(g.kind == "mamba" and g.block_size > w.hash_block_size for g in w.groups):
                 need(counts["cow"] > 0, "no copy on write in C", counts)
             # Its caching steps done in C too (issue 52): the coordinator's
             # never called, the state blocks cached from C -- under sparse
