@@ -139,6 +139,18 @@ CONFIGS["scheduler-mamba-caching"] = {
                  "max_num_seqs": 64, "max_num_batched_tokens": 64, "max_model_len": 256,
                  "block_size": 64, "prefix_caching": True, "events": False},
 }
+# ... and Qwen3-Next's layout (three gated-delta-net layers, one gated
+# attention layer) with prefix caching on: its attention block is raised
+# to the states' 544-token page, so prompts of some 1,100 tokens share two
+# blocks of a prefix. (The CPU kernel of the gated delta net takes bfloat16
+# only.)
+CONFIGS["scheduler-qwen3next-caching"] = {
+    "model": {"maker": "make_qwen3next_model", "pattern": "LLLA", "layers": 4},
+    "scenario": {"num_prefixes": 8, "prefix_tokens": 1100, "tail_tokens": 16,
+                 "num_requests": 192, "max_tokens": 32, "num_blocks": 4096,
+                 "max_num_seqs": 64, "max_num_batched_tokens": 64, "max_model_len": 2048,
+                 "prefix_caching": True, "events": False, "dtype": "bfloat16"},
+}
 QUICK = {"num_requests": 96, "max_tokens": 16}
 
 

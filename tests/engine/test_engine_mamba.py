@@ -178,6 +178,13 @@ def test_engine_identical_with_kvpool_mamba_caching(name: str, model_dirs,
     assert_same_run(scenario, stock, ours, evicts=True)
     assert_groups_and_distinct(stock, ours, MODELS[model][1])
     assert ours["manager_fallback"] is None, ours["manager_fallback"]
+    # Every lookup and every caching step was kvpool's C: none handed to
+    # vLLM's get_computed_blocks or to its coordinator's cache_blocks, the
+    # Mamba groups' steps done by the compiled caching step.
+    counts = ours["manager_counts"]
+    assert counts["lookups"] > 0 and counts["lookups_base"] == 0, counts
+    assert counts["cache_calls"] == 0 and counts["mamba_cache"] > 0, counts
+    assert counts["mamba_tail_calls"] == counts["full_tail_calls"] == 0, counts
     # Each Mamba group's INFO line says what kvpool's paths take of it.
     groups = MODELS[model][1]
     served = [line for line in ours["kvpool_log"] if " is served by " in line]
