@@ -23,10 +23,13 @@ Configurations:
   (``mamba_cache_mode`` "none"), 256 concurrent requests, 768 requests of
   49-64 prompt tokens, 64 output tokens each, KV events off;
 - ``scheduler-mamba-caching``: the same model with prefix caching on
-  (``mamba_cache_mode`` "align", which kvpool's manager leaves to vLLM's
-  code), 64-token blocks and prefill chunks, 64 concurrent requests, 768
-  requests of 129-144 prompt tokens over 8 shared 128-token prefixes, 32
-  output tokens each;
+  (``mamba_cache_mode`` "align"), 64-token blocks and prefill chunks, 64
+  concurrent requests, 768 requests of 129-144 prompt tokens over 8 shared
+  128-token prefixes, 32 output tokens each;
+- ``scheduler-qwen3next-caching``: a tiny Qwen3-Next (three gated-delta-net
+  layers, one attention layer) with prefix caching on, 544-token attention
+  blocks, 64 concurrent requests, 192 requests of 1,101-1,116 prompt tokens
+  over 8 shared 1,100-token prefixes, 32 output tokens each;
 - ``model``: a 4-layer model, 32 concurrent requests (the
   model runner dominates).
 
