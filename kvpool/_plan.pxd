@@ -198,6 +198,9 @@ cdef class ManagerPlan:
     cdef tuple lookup_specs       # of _SpecGroup; None: not done here
     cdef bint margin_to_hashes    # 0.32 on: EAGLE's margin capped at the hashed tokens
     cdef bint map_direct          # the pool's get_cached_block is the compiled core's
+    # align connector and remaining blocks (issue 52)
+    cdef Py_ssize_t n_coord       # coordinator.get_num_blocks_to_allocate done here
+    cdef Py_ssize_t n_coord_base  # ... handed to vLLM's method
 
 
 cdef inline bint _count(object o, Py_ssize_t *out) except -1:

@@ -40,7 +40,9 @@ cdef class ManagerPlan:
         coordinator, called the pool's ``cache_full_blocks`` from here, or
         found nothing to cache; prefix-cache lookups and common-prefix counts
         (0.30, 0.31) done here; ``BlockStored`` events of plain requests
-        built here."""
+        built here; the coordinator's ``get_num_blocks_to_allocate`` (the
+        scheduler's remaining-blocks count, vLLM's own ``allocate_slots``)
+        done here (``coord_counts``) and handed to vLLM's (``coord_base``)."""
         return {
             "fast": self.n_fast,
             "adopt": self.n_adopt,
@@ -53,6 +55,8 @@ cdef class ManagerPlan:
             "lookups": self.n_lookups,
             "common_prefix": self.n_common,
             "plain_events": self.n_plain_events,
+            "coord_counts": self.n_coord,
+            "coord_base": self.n_coord_base,
         }
 
     @property

@@ -826,6 +826,9 @@ class Suite:
             need(counts["lookups"] == 0, "a lookup in C (Mamba align: vLLM's code)", counts)
             need(counts["base"] == 0 and counts["adopt"] > 0,
                  "an allocation in vLLM's code, or no hit adopted in C", counts)
+            # The driver's remaining-blocks count (the scheduler's
+            # _request_remaining_blocks) with the align predictor, in C.
+            need(counts["coord_counts"] > 0, "no remaining-blocks count in C", counts)
             if any(g.block_size > w.hash_block_size for g in w.groups):
                 need(counts["cow"] > 0, "no copy on write in C", counts)
             need(counts["cache_calls"] > 0, "no block cached", counts)
