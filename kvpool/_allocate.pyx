@@ -17,6 +17,7 @@ from kvpool._plan cimport (
 )
 from kvpool._mamba_align cimport (
     _align_has_left, _cow_ok, _align_steady, _align_count, _align_new_blocks, _cow_new_blocks,
+    _align_counts_ok,
 )
 from kvpool._caching cimport _cache
 
@@ -348,6 +349,12 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
     if total > p.max_model_len:
         total = p.max_model_len
     main_tokens = total + new_tokens
+    # (a connector's external tokens beside an align-mode group stay vLLM's:
+    # issue 52's workload for them, connector+mamba-ckpt, makes no progress
+    # under vLLM's own manager in the driver, so nothing proves a compiled
+    # path against it yet -- and vLLM's fast path there, a load filling the
+    # state's block, marks the request allocated, which the loop below does
+    # not)
     if p.has_align and (ext > 0 or not _align_steady(p, rid, main_tokens, adopt)) or (
             p.mamba_hits and adopt is not None):
         p.n_base += 1
@@ -547,9 +554,12 @@ def coordinator_get_num_blocks_to_allocate(self, request_id, num_tokens, new_com
     """vLLM's ``KVCacheCoordinator.get_num_blocks_to_allocate`` (bound to the
     coordinator of a manager these paths serve; later arguments, such as
     0.31's ``prefill_end``, only matter to Mamba groups): in C when no group
-    has new computed blocks."""
+    has new computed blocks -- an align-mode Mamba group's predictor
+    included (the scheduler's remaining-blocks count, its checkpoint
+    recorded or dropped outside the admission count)."""
     cdef ManagerPlan p
-    cdef Py_ssize_t tokens = 0, total = 0, required = 0, enc = 0
+    cdef _Group g
+    cdef Py_ssize_t tokens = 0, total = 0, required = 0, enc = 0, main = 0, prefill_end = 0
     plan = self._kvpool_plan
     if plan is None:
         return type(self).get_num_blocks_to_allocate(
@@ -563,20 +573,38 @@ def coordinator_get_num_blocks_to_allocate(self, request_id, num_tokens, new_com
         and (not (args or kwargs) or (p.has_prefill_end and len(args) + len(kwargs) == 1
                                       and (args or "prefill_end" in kwargs)))
     if fast:
-        # (an align-mode Mamba group's predictor may set a checkpoint: vLLM's)
-        fast = not p.has_align
-    if fast:
+        # (a group's new computed blocks -- a hit, from vLLM's own
+        # allocate_slots -- bring the same-step refusal, the partial hit
+        # and the hit's evictable blocks of an align-mode predictor: vLLM's)
         for group_blocks in new_computed_blocks:
             if len(group_blocks) != 0:
                 fast = False
                 break
+    if fast and p.has_align:
+        # (an align-mode group's predictor over the main model's tokens from
+        # the computed ones, with its prefill_end -- 0.31 on, 0 when not
+        # passed, read only where a checkpoint is possible, as
+        # _align_checkpoint applies the coordinator's retention rule itself;
+        # a table that is not a list, or a count that is not an int: vLLM's)
+        fast = _count(num_tokens_main_model, &main) and _align_counts_ok(p, request_id)
+        if fast and p.has_prefill_end and p.align_ckpts and (args or kwargs):
+            fast = _count(args[0] if args else kwargs["prefill_end"], &prefill_end)
     if not fast:
+        p.n_coord_base += 1
         return p.base_num_blocks(self, request_id, num_tokens, new_computed_blocks,
                                  num_encoder_tokens, total_computed_tokens,
                                  num_local_computed_tokens, num_tokens_main_model,
                                  apply_admission_cap, *args, **kwargs)
+    p.n_coord += 1
     admission_cap = bool(apply_admission_cap)
     for g in p.groups:
-        required += _group_blocks_to_allocate(<_Group> g, request_id, tokens, enc, None, total,
+        if g.align:
+            # (no hit: its partial hit is the request's pending copy-on-write;
+            # the checkpoint recorded only outside the admission count)
+            required += _align_count(p, g, request_id, total, main, prefill_end, None,
+                                     PyDict_Contains(g.phr, request_id) == 1,
+                                     not admission_cap)
+            continue
+        required += _group_blocks_to_allocate(g, request_id, tokens, enc, None, total,
                                               0, admission_cap)
     return required

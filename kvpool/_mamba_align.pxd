@@ -21,6 +21,8 @@ cdef Py_ssize_t _align_count(ManagerPlan p, _Group g, object rid, Py_ssize_t sta
 cdef list _align_new_blocks(ManagerPlan p, _Group g, object rid, list blocks,
                             Py_ssize_t main_tokens)
 
+cdef bint _align_counts_ok(ManagerPlan p, object rid) except -1
+
 cdef list _cow_new_blocks(ManagerPlan p, _Group g, object rid, list blocks, Py_ssize_t nnew)
 
 # Mamba caching (issue 52)

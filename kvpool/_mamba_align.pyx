@@ -363,6 +363,30 @@ cdef list _align_new_blocks(ManagerPlan p, _Group g, object rid, list blocks,
     return returned
 
 
+cdef bint _align_counts_ok(ManagerPlan p, object rid) except -1:
+    # Whether _align_count can stand for every align-mode group's predictor
+    # in a call of the coordinator's get_num_blocks_to_allocate that brings
+    # no new computed blocks (the scheduler's remaining-blocks count, vLLM's
+    # own allocate_slots past its adoption): the request's table in each is
+    # absent (the predictor makes it, as vLLM's does) or an exact list. With
+    # no hit, vLLM's predictor reads nothing else _align_count does not --
+    # its same-step refusal needs a hit, its partial hit is the request's
+    # pending copy-on-write (_partial_hit_reqs) -- and writes only the table
+    # entry and, outside the admission count, _checkpoints.
+    cdef _Group g
+    cdef PyObject *entry
+    for g in p.groups:
+        if not g.align:
+            continue
+        entry = PyDict_GetItemWithError(g.rtb, rid)
+        if entry == NULL:
+            if PyErr_Occurred():
+                return -1
+        elif not PyList_CheckExact(<object> entry):
+            return False
+    return True
+
+
 cdef int _running_cow(ManagerPlan p, _Group g, object rid, list blocks, object hit,
                       object cow) except -1:
     # An align-mode group's copy-on-write for a running request (its

@@ -239,6 +239,9 @@ cdef class ManagerPlan:
     cdef bint mamba_lookup
     cdef Py_ssize_t lookup_align
     cdef Py_ssize_t n_lookups_base
+    # align connector and remaining blocks (issue 52)
+    cdef Py_ssize_t n_coord       # coordinator.get_num_blocks_to_allocate done here
+    cdef Py_ssize_t n_coord_base  # ... handed to vLLM's method
 
 
 cdef inline bint _count(object o, Py_ssize_t *out) except -1:

@@ -49,7 +49,10 @@ cdef class ManagerPlan:
         made here (``partial_blocks``: cache_partial_block, or
         _maybe_evict_cached_block for a transient checkpoint);
         ``lookups_base``: ``get_computed_blocks`` calls handed to
-        vLLM's method."""
+        vLLM's method;
+        the coordinator's ``get_num_blocks_to_allocate`` (the
+        scheduler's remaining-blocks count, vLLM's own ``allocate_slots``)
+        done here (``coord_counts``) and handed to vLLM's (``coord_base``)."""
         return {
             "fast": self.n_fast,
             "adopt": self.n_adopt,
@@ -68,6 +71,8 @@ cdef class ManagerPlan:
             "sparse_masks": self.n_mc_masks,
             "partial_blocks": self.n_mc_partials,
             "lookups_base": self.n_lookups_base,
+            "coord_counts": self.n_coord,
+            "coord_base": self.n_coord_base,
         }
 
     @property

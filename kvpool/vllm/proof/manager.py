@@ -860,16 +860,21 @@ class Suite:
                 need(counts["lookups"] == 0, "a lookup in C (these groups: vLLM's code)", counts)
             need(counts["base"] == 0 and counts["adopt"] > 0,
                  "an allocation in vLLM's code, or no hit adopted in C", counts)
+            # The driver's remaining-blocks count (the scheduler's
+            # _request_remaining_blocks) with the align predictor, in C.
+            need(counts["coord_counts"] > 0 and counts["coord_base"] == 0,
+                 "a remaining-blocks count in vLLM's code, or none in C", counts)
             # (partial hits: a Mamba block larger than the hash block)
             if any(g.kind == "mamba" and g.block_size > w.hash_block_size for g in w.groups):
                 need(counts["cow"] > 0, "no copy on write in C", counts)
             # Its caching steps done in C too (issue 52): the coordinator's
             # never called, the state blocks cached from C -- under sparse
-            # retention with the block mask built in C; what is left to
-            # vLLM's code is the tail steps that act (a checkpoint re-keyed
-            # or evicted, the prompt's tail keyed), counted apart.
+            # retention with the block mask built in C -- and no tail step
+            # handed to a manager's own method.
             need(counts["cache_calls"] == 0 and counts["mamba_cache"] > 0,
                  "a caching step in the coordinator's code, or none in C", counts)
+            need(counts["mamba_tail_calls"] == counts["full_tail_calls"] == 0,
+                 "a tail step in vLLM's code", counts)
             if getattr(w, "retention_interval", None) is not None:
                 need(counts["sparse_masks"] > 0, "no sparse-retention block mask built", counts)
         elif any(g.kind == "mamba" for g in w.groups) and w.enable_caching:
