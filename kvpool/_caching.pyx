@@ -166,6 +166,12 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
     if ntodo == 0:
         p.n_cache_skips += 1
         return 0
+    # vLLM's coordinator calls each group manager's cache_blocks through the
+    # instance: one replaced on the instance after the plan was made (a
+    # test's spy, a connector's wrapper) is the step's, so the coordinator's.
+    for x in p.groups:
+        if _instance_cache_blocks(<_Group> x):
+            return _cache_in_vllm(p, request, num_tokens)
     if any_how & _BASE:
         p.n_cache_direct += 1
     if any_how & ~_BASE:
@@ -199,6 +205,12 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
         if how & _ALIGN_POST:
             _align_offers(g, rid, todo_cached[i], todo_full[i])
     return 0
+
+
+cdef inline bint _instance_cache_blocks(_Group g) except -1:
+    # Whether the group's manager has a cache_blocks of its own instance.
+    d = getattr(g.mgr, "__dict__", None)
+    return d is not None and "cache_blocks" in d
 
 
 cdef int _align_offers(_Group g, object rid, Py_ssize_t before, Py_ssize_t after) except -1:
