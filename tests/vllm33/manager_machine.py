@@ -16,12 +16,20 @@ prompt tails are cached as partial blocks; R-SWA alone, block 4, window 4,
 whose decodes free the blocks between prompt and window; full attention +
 chunked local attention, block 4, chunks of 8; full/4, full/4 + sliding/4 and
 sliding/4 again under EAGLE, whose prefix-cache lookups drop the last hit
-block) and prefix caching on or off. Per example: KV events on or off;
+block; Mamba hybrids in mamba_cache_mode "align", prefix caching on only:
+state blocks of 8 over hash blocks of 4, Qwen3-Next's three Mamba groups, a
+state block of the hash block beside full attention of two, EAGLE with
+speculative blocks, each with prefill-checkpoint blocks from 0.30 on, their
+prefill chunks clipped by the scheduler's own
+``_mamba_block_aligned_split`` and their drafts and lookahead held to the
+speculative blocks; 0.30 and 0.31's mode "all", with MTP too) and prefix
+caching on or off. Per example: KV events on or off;
 vLLM's metrics collector off, sampling half or every block (the global RNG
 it samples with is seeded the same before each side's call); an admission
 watermark or none; a mixed-precision cache (vLLM then records new blocks for
 zeroing, ``take_new_block_ids``); a tight ``max_model_len`` or not; pools of
-10 to 48 blocks; ``max_in_flight_tokens`` 16, 64 or 2048 (the sliding
+10 to 48 blocks; with an align group, the states kept (every one, those a
+later request can resume at, or one per 16 tokens as well); ``max_in_flight_tokens`` 16, 64 or 2048 (the sliding
 window's admission cap).
 
 Operations, the way vLLM's scheduler makes them, in one weighted rule
@@ -41,7 +49,8 @@ tokens back, tokens appended through ``append_output_token_ids``, then
 ``cache_blocks`` as 0.33's ``update_from_output`` calls it, and after a
 delayed-caching step as when a KV load finishes); ``cache_blocks`` of any
 count; ``free``; preemption (``Scheduler._preempt_request``); the end of a
-step (``take_kv_cache_block_copies``, ``take_new_block_ids``,
+step (``take_boundary_state_offloads``, ``take_kv_cache_block_copies`` and
+the copied blocks freed, ``take_new_block_ids``,
 ``take_events``, ``make_prefix_cache_stats``, ``new_step_starts``);
 ``evict_blocks``; ``reset_prefix_cache``; ``get_blocks``,
 ``get_block_ids``, ``estimate_cached_tokens``,
@@ -52,7 +61,8 @@ both sides, and neither changed).
 After every step the two sides must agree: every call's result (block ids
 per group, or ``None``, or the exception's type), each request's blocks per
 group, each single-type manager's ``req_to_blocks`` (empty entries too),
-``num_cached_block``, partial-hit entries and recorded new block ids; the
+``num_cached_block``, partial-hit entries and recorded new block ids (an
+align group's state, checkpoint and tail tables too); the
 pools' whole observable state (``_release_driver.pool_state``: every block's
 fields, the free queue's order and links, the hash map and secondary keys,
 free count, usage, the metrics collector's sampled blocks, access and
@@ -152,6 +162,30 @@ LAYOUTS.update({
     f"{name}+eagle": LAYOUTS[name]
     for name in ("full/4", "full/4+sliding/4", "sliding/4", "full/4+sliding/4+ring/4")
 })
+# Mamba hybrids with prefix caching on, mamba_cache_mode "align" (issue 52):
+# a state block of 8 over hash blocks of 4 (partial hash hits, their
+# copy-on-write), with prefill-checkpoint blocks where the release's
+# MambaSpec has them (0.30 on), Qwen3-Next's three Mamba groups of one spec,
+# a state block of the hash block beside full attention of two, and under
+# EAGLE with speculative blocks. Chunks are clipped by the scheduler's own
+# ``_mamba_block_aligned_split`` (``ManagerMachine.split``).
+_CKPT = {"checkpoint_blocks": 1, "checkpoint_alignment": 4} if vw.MAMBA_CHECKPOINTS else {}
+LAYOUTS.update({
+    "full/4+mamba/8-align": ((G("full", 4), G("mamba", 8, **_CKPT)), 4),
+    "full/4+3mamba/8-align": (
+        (G("full", 4), G("mamba", 8, **_CKPT), G("mamba", 8, **_CKPT), G("mamba", 8, **_CKPT)), 4),
+    "full/8+mamba/4-align": ((G("full", 8), G("mamba", 4, **_CKPT)), 4),
+    "full/4+mamba/8-align+eagle": (
+        (G("full", 4), G("mamba", 8, speculative_blocks=2, **_CKPT)), 4),
+})
+if vw.MAMBA_MODE_ALL:
+    # (0.30, 0.31) The deprecated mode "all": every Mamba block of the
+    # attention block a cached state; with MTP's speculative blocks too.
+    LAYOUTS.update({
+        "full/4+mamba/4-all": ((G("full", 4), G("mamba", 4, mamba_mode="all")), 4),
+        "full/4+mamba/4-all+spec": (
+            (G("full", 4), G("mamba", 4, mamba_mode="all", speculative_blocks=2)), 4),
+    })
 
 
 def has_cross(layout: str) -> bool:
@@ -167,6 +201,26 @@ def _takes_prefill_end(coordinator_cls: type) -> bool:
         coordinator_cls.get_num_blocks_to_allocate).parameters
 
 
+def mamba_groups(layout: str) -> list[vw.Group]:
+    """``layout``'s Mamba groups."""
+    return [g for g in LAYOUTS[layout][0] if g.kind == "mamba"]
+
+
+def caching_only(layout: str) -> bool:
+    """Whether vLLM runs ``layout`` only with prefix caching (a Mamba group
+    in mamba_cache_mode "align" or "all")."""
+    return any(g.mamba_mode != "none" for g in mamba_groups(layout))
+
+
+def speculative_blocks(layout: str) -> int | None:
+    """How many drafts and lookahead tokens a step of ``layout`` may carry:
+    a Mamba group's speculative blocks if it caches its state (None: no
+    limit)."""
+    if not caching_only(layout):
+        return None
+    return min(g.speculative_blocks for g in mamba_groups(layout))
+
+
 def no_caching_only(layout: str) -> bool:
     """Whether vLLM runs ``layout`` only without prefix caching (a
     cross-attention group: its manager's ``cache_blocks`` raises; a Mamba
@@ -180,7 +234,7 @@ CASES = [
     (layout, caching)
     for layout in LAYOUTS
     for caching in (True, False)
-    if not (caching and no_caching_only(layout))
+    if not (caching and no_caching_only(layout)) and not (not caching and caching_only(layout))
 ]
 
 LORAS = (
@@ -270,6 +324,9 @@ def snapshot(side: Side, rids: list[str]) -> dict[str, Any]:
         state[f"group {g} num_cached_block"] = dict(stm.num_cached_block)
         state[f"group {g} partial hits"] = sorted(getattr(stm, "_partial_hit_reqs", ()))
         state[f"group {g} new_block_ids"] = list(stm.new_block_ids)
+        if getattr(stm, "mamba_cache_mode", None) == "align":
+            # (the state blocks, checkpoints and partial tails it tracks)
+            state[f"group {g} align tables"] = vw._align_tables([stm])
     state.update(
         (f"pool {key}", value)
         for key, value in pool_state(pool, mgr.metrics_collector, FEATURES).items()
@@ -341,6 +398,12 @@ class ManagerMachine(RuleBasedStateMachine):
             # one more contiguous block first).
             eagle=layout.endswith("+eagle"),
         )
+        if caching_only(layout):
+            # Which states the caching step keeps (0.30 on): None, every one;
+            # 0, those a later request can resume at; 16, one per 16 tokens
+            # as well.
+            w = w.scaled(retention_interval=draw(
+                st.sampled_from([None, 0, 16]), label="retention interval"))
         self.w = w
         self.hasher = vw.request_block_hasher(w)
         # A few shared prompt prefixes, up to four of the largest blocks (their
@@ -364,6 +427,9 @@ class ManagerMachine(RuleBasedStateMachine):
         assert type(candidate.block_pool) is pool_class
         assert candidate.kvpool_fallback_reason is None, candidate.kvpool_fallback_reason
         self.sides = [Side("vLLM", reference), Side(f"kvpool ({core.__name__})", candidate)]
+        # The scheduler's own clipping of prefill chunks with an align group.
+        self.split = vw._mamba_split(w, reference)
+        self.partial_hits = bool(getattr(reference.coordinator, "enable_partial_hash_hits", False))
 
     def teardown(self) -> None:
         if len(self.sides) == 2:
@@ -473,7 +539,9 @@ class ManagerMachine(RuleBasedStateMachine):
                 upto=st.none() | st.integers(0, 1 << 10),  # None: the computed tokens
                 as_subclass=st.sampled_from([False] * 5 + [True]),
             ),
-            lambda self: self._live("running"),
+            # (not with a Mamba state group: its scheduler caches only from
+            # allocate_slots and after a KV load, a connector's)
+            lambda self: self._live("running") and not caching_only(self.layout),
         ),
         "free": (1, dict(pick=PICK), lambda self: self._live()),
         "preempt": (
@@ -552,6 +620,12 @@ class ManagerMachine(RuleBasedStateMachine):
         prompt = prompt[: min(self.max_prompt, self.w.max_model_len - 1)]
         self.prompts.append(prompt)
         rid = f"req-{len(self.twins)}"
+        if self.partial_hits:
+            # vLLM's own lookup raises IndexError with KV events on for such
+            # a request's partial hash hit (0.30-0.34: the hit's events are
+            # read off the hashes at the state block, which the partial
+            # block has none of): not drawn.
+            report_full = False
         extra = {"kv_cache_report_mode": "full"} if report_full else None
         lora_request = None if lora is None else LORAS[lora]
         reqs = [
@@ -567,6 +641,8 @@ class ManagerMachine(RuleBasedStateMachine):
         refuse it with a ``ValueError``)."""
         twin = self._pick(self._live("waiting"), pick)
         max_model_len = self.w.max_model_len
+        lookahead = self._lookahead(lookahead)
+        delay = delay and not caching_only(self.layout)
         encoder = self.encoder_tokens(twin)
 
         def call(mgr, req):
@@ -576,6 +652,10 @@ class ManagerMachine(RuleBasedStateMachine):
             else:
                 computed, hit, boundary = None, 0, 0
             num_new = min(chunk, req.num_tokens - hit, max_model_len - 1 - hit)
+            if self.split is not None and num_new > 0:
+                num_new = self.split(req, num_new, hit, 0)
+                if num_new <= 0:
+                    return None  # the scheduler stops admitting here
             if num_new <= 0 and not hit:
                 return None  # nothing to schedule
             new = mgr.allocate_slots(
@@ -609,6 +689,12 @@ class ManagerMachine(RuleBasedStateMachine):
         twin.add(num_in_flight_tokens=num_new)
         twin.steps.append((num_new, 0, hit + num_new, delay))
 
+    def _lookahead(self, tokens: int) -> int:
+        """``tokens`` drafts or lookahead tokens, no more than a Mamba state
+        group holds speculative blocks for."""
+        limit = speculative_blocks(self.layout)
+        return tokens if limit is None else min(tokens, limit)
+
     def encoder_tokens(self, twin) -> int:
         """A request's encoder tokens: 1-23 by its number, for a layout with
         a cross-attention group, else none."""
@@ -628,6 +714,9 @@ class ManagerMachine(RuleBasedStateMachine):
             self._finish_step(twin, accepted, tokens)
         req = twin.ref
         computed, num_tokens = req.num_computed_tokens, req.num_tokens
+        lookahead = self._lookahead(lookahead)
+        delay = delay and not caching_only(self.layout)
+        drafts = self._lookahead(drafts)
         if computed < num_tokens:
             num_new = min(chunk, num_tokens - computed)
             if num_new < num_tokens - computed:
@@ -636,6 +725,8 @@ class ManagerMachine(RuleBasedStateMachine):
             num_new = 1  # a decode step ahead of its predecessor's output
         num_new += drafts
         num_new = min(num_new, self.w.max_model_len - 1 - computed)
+        if self.split is not None and num_new > 0:
+            num_new = self.split(req, num_new)
         if num_new <= 0:
             return
         drafts = min(drafts, num_new - 1)
@@ -745,8 +836,15 @@ class ManagerMachine(RuleBasedStateMachine):
         next step's start."""
 
         def call(mgr, _):
+            offloads = sorted(mgr.take_boundary_state_offloads().items()) \
+                if hasattr(mgr, "take_boundary_state_offloads") else []
             copies, retained = mgr.take_kv_cache_block_copies()
+            if copies:
+                # (the copy-on-write sources, back to the pool once copied:
+                # the scheduler's, without deferred frees)
+                mgr.block_pool.free_blocks(retained)
             out: list[Any] = [
+                offloads,
                 [(c.src_block_id, c.dst_block_id) for c in copies],
                 _block_ids(retained),
                 list(mgr.take_new_block_ids()),
@@ -924,12 +1022,23 @@ def unserved(machine: type[ManagerMachine]) -> list[str]:
     decides)."""
     counts = machine.totals
     missing = [name for name in ("fast", "base") if counts[name] == 0]
-    if machine.caching:
+    groups, hash_block_size = LAYOUTS[machine.layout]
+    modes = {g.mamba_mode for g in mamba_groups(machine.layout)}
+    if "align" in modes:
+        # Issue 52: lookups, adoptions and caching steps in C, partial hits
+        # copied on write where a state block spans hash blocks.
+        wanted = ["lookups", "adopt", "mamba_cache"]
+        if any(g.block_size > hash_block_size for g in mamba_groups(machine.layout)):
+            wanted.append("cow")
+        missing += [name for name in wanted if counts[name] == 0]
+    elif "all" in modes:
+        # (an admission with a hit and every lookup: vLLM's code)
+        missing += [name for name in ("mamba_cache",) if counts[name] == 0]
+    elif machine.caching:
         if counts["cache_calls"] + counts["cache_direct"] == 0:
             missing.append("cache_calls")
         if counts["adopt"] == 0:
             missing.append("adopt")
-        groups, hash_block_size = LAYOUTS[machine.layout]
         if all(g.block_size == hash_block_size for g in groups if g.kind == "full"):
             if counts["cache_skips"] == 0:
                 missing.append("cache_skips")

@@ -123,6 +123,11 @@ def _has_mamba_mode_all() -> bool:
 #: and 0.31: deprecated there, removed in 0.32).
 MAMBA_MODE_ALL = _has_mamba_mode_all()
 
+#: Whether the loaded release's ``MambaSpec`` has prefill-checkpoint blocks
+#: and their alignment (0.30 on).
+MAMBA_CHECKPOINTS = {"num_prefill_checkpoint_blocks", "prefill_checkpoint_alignment"} <= {
+    f.name for f in dataclasses.fields(MambaSpec)}
+
 
 @dataclass(frozen=True)
 class Group(_v15.Group):

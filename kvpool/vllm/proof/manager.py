@@ -410,8 +410,7 @@ def workloads(scale: float | None = None) -> dict[str, Any]:
             metrics_sample_rate=0.5,
         )
 
-    if late and {"num_prefill_checkpoint_blocks", "prefill_checkpoint_alignment"} <= {
-            f.name for f in dataclasses.fields(vllm_kv_cache_interface.MambaSpec)}:
+    if late and vw.MAMBA_CHECKPOINTS:
         # (0.30 on: MambaSpec's prefill-checkpoint blocks and their alignment)
         # Mamba "align" beside full attention of the hash block (so the
         # manager's own steps decide the caching), with prefill-checkpoint
