@@ -8,6 +8,7 @@ the caching step that ends the call is ``_caching``'s."""
 from cpython.dict cimport PyDict_Contains, PyDict_GetItemWithError
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport PyObject
+from cpython.set cimport PySet_Add
 from cpython.ref cimport Py_INCREF
 from cpython.exc cimport PyErr_Occurred
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
@@ -444,6 +445,8 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
             any_new = True
             break
     if not any_new:
+        if p.has_align:
+            _mark_allocated(p, rid)
         if not delay_cache_blocks and p.caching:
             _cache(p, request, rid, main_tokens, True)
         return p.empty
@@ -464,6 +467,8 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
             any_new = True
         elif nnew <= 0:
             new = []
+            if g.align:
+                PySet_Add(g.allocated, rid)  # (vLLM's fast path marks it)
         else:
             new = _new_blocks(p, nnew)
             blocks.extend(new)
@@ -476,6 +481,18 @@ cdef object _allocate(self, request, num_new_tokens, num_new_computed_tokens,
         # min(main_tokens, request.num_tokens)
         _cache(p, request, rid, main_tokens, True)
     return p.kv_cache_blocks(result) if any_new else p.empty
+
+
+cdef int _mark_allocated(ManagerPlan p, object rid) except -1:
+    # An align-mode group's allocate_new_blocks with blocks enough, no
+    # checkpoint and no copy-on-write (its fast path, returning none) still
+    # marks the request allocated: a request whose hit covers its chunk --
+    # an adoption with no new tokens -- is then running, as in vLLM.
+    cdef _Group g
+    for g in p.groups:
+        if g.align:
+            PySet_Add(g.allocated, rid)
+    return 0
 
 
 cdef inline bint _partial_in(ManagerPlan p, Py_ssize_t i, object rid, object adopt,
