@@ -893,6 +893,12 @@ class ManagerMachine(RuleBasedStateMachine):
         twin = self._pick(self._live(), pick)
         enc = self.encoder_tokens(twin) if encoder else 0
         prefill_end = _takes_prefill_end(type(self.sides[0].manager.coordinator))
+        if any(g.mamba_mode == "align" for g in mamba_groups(self.layout)):
+            # The scheduler asks with the admission cap only; without it an
+            # align-mode group records the count's checkpoint, past the
+            # request's table, and the next caching step's assertion fails
+            # in vLLM's code (vLLM 0.33's _cache_partial_tail_block).
+            cap = True
 
         def call(mgr, req):
             computed = req.num_computed_tokens
@@ -993,7 +999,33 @@ def delays_caching(manager_class: type) -> type:
     return DelaysCaching
 
 
-BROKEN = {"skips-caching": skips_caching, "delays-caching": delays_caching}
+def forgets_running(manager_class: type) -> type:
+    """``manager_class`` broken in one detail: every 4th ``allocate_slots``
+    call leaves the request unmarked in each align-mode Mamba group's
+    ``_allocated_block_reqs`` (a running request then taken for a new one:
+    its state block and speculative blocks placed as a new request's)."""
+
+    class ForgetsRunning(manager_class):  # type: ignore[misc, valid-type]
+        calls = 0
+
+        def allocate_slots(self, request, num_new_tokens, *args, **kwargs):
+            self.calls += 1
+            result = super().allocate_slots(request, num_new_tokens, *args, **kwargs)
+            if self.calls % 4 == 0:
+                for mgr in self.coordinator.single_type_managers:
+                    if getattr(mgr, "mamba_cache_mode", None) == "align":
+                        mgr._allocated_block_reqs.discard(request.request_id)
+            return result
+
+    return ForgetsRunning
+
+
+#: Each broken manager, and the layout its fault shows in.
+BROKEN = {
+    "skips-caching": (skips_caching, "full/4"),
+    "delays-caching": (delays_caching, "full/4"),
+    "forgets-running": (forgets_running, "full/4+mamba/8-align"),
+}
 
 
 def broken_machine_settings(max_examples: int) -> settings:

@@ -16,7 +16,8 @@ docstring lists the configurations, operations and comparisons).
 - ``test_state_machine_under_dev_mode``: the same in ``python -X dev``;
 - ``test_a_broken_manager_is_caught``: kvpool's manager broken in one detail
   (every 5th ``cache_blocks`` does nothing; every 3rd ``allocate_slots``
-  delays caching) fails the machine, within a second.
+  delays caching; every 4th leaves an align-mode Mamba group's request
+  unmarked as running) fails the machine, within a second.
 
 Sizes: ``KVPOOL_HYPOTHESIS_EXAMPLES`` examples per layout and caching
 (default 30 here, so that the file stays within about a minute on the 2-core
@@ -65,7 +66,8 @@ def test_state_machine_under_dev_mode(no_c_extensions) -> None:
 def test_a_broken_manager_is_caught(broken: str, all_cores) -> None:
     """The comparison is not vacuous: a manager that differs from vLLM's in
     one detail (``manager_machine.BROKEN``) fails the machine."""
-    manager_class = mm.BROKEN[broken](KVCacheManager)
-    machine = mm.machine_for("full/4", True, manager_class, vllm_block_pool_class, all_cores[:1])
+    breaks, layout = mm.BROKEN[broken]
+    machine = mm.machine_for(layout, True, breaks(KVCacheManager), vllm_block_pool_class,
+                             all_cores[:1])
     with pytest.raises(AssertionError, match=mm.MISMATCH):
         run_state_machine_as_test(machine, settings=mm.broken_machine_settings(EXAMPLES))

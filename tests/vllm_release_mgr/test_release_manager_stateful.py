@@ -61,7 +61,7 @@ def test_manager_state_machine(layout: str, caching: bool, all_cores) -> None:
 def test_a_broken_manager_fails_the_machine(broken: str, all_cores) -> None:
     """The machine is not vacuous on this release: kvpool's manager broken in
     one detail fails it."""
-    broken_class = mm.BROKEN[broken](manager_class())
-    machine = mm.machine_for("full/4", True, broken_class, pool_class, all_cores[:1])
+    breaks, layout = mm.BROKEN[broken]
+    machine = mm.machine_for(layout, True, breaks(manager_class()), pool_class, all_cores[:1])
     with pytest.raises(AssertionError, match=mm.MISMATCH):
         run_state_machine_as_test(machine, settings=mm.broken_machine_settings(EXAMPLES))

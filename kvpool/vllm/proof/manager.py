@@ -40,7 +40,6 @@ it only tries to).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
 import logging
 import os
