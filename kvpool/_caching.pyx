@@ -14,7 +14,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_Check, PyBytes_CheckExact,
 from cpython.long cimport PyLong_FromUnsignedLongLong
 from kvpool._core cimport PoolCore, _be_tail
 from kvpool._plan cimport (
-    _Group, ManagerPlan, PyList_CheckExact, PyObject_Vectorcall, _count, _floordiv,
+    _Group, ManagerPlan, PyList_CheckExact, PyObject_Vectorcall, _count, _floordiv, _mod,
     _req_blocks, _exact_table, _hybrid_cacheable, _vllm_base,
 )
 from kvpool._mamba_align cimport _align_tail_idle, _align_tail_none, _align_mask, _align_tail
@@ -183,8 +183,11 @@ cdef int _cache(ManagerPlan p, object request, object rid, Py_ssize_t num_tokens
             mask = None if masks is None else masks[todo_index[i]]
             if mask is not None:
                 p.n_mc_masks += 1
-            if p.core_caches and g.block_size == p.hash_block_size and not g.mamba:
-                _core_caches(p, g, request, _req_blocks(g, rid), todo_cached[i], todo_full[i])
+            if p.core_caches and (g.block_size == p.hash_block_size or (
+                    _mod(g.block_size, p.hash_block_size) == 0
+                    and PyList_CheckExact(request.block_hashes))):
+                _core_caches(p, g, request, _req_blocks(g, rid), todo_cached[i], todo_full[i],
+                             mask)
             else:
                 p.pool.cache_full_blocks(
                     request=request,
@@ -246,27 +249,31 @@ cdef int _align_offers(_Group g, object rid, Py_ssize_t before, Py_ssize_t after
 
 
 cdef int _core_caches(ManagerPlan p, _Group g, object request, object blocks,
-                      Py_ssize_t cached, Py_ssize_t full) except -1:
-    # kvpool's facade cache_full_blocks (kvpool.v0_33.block_pool) for a group
-    # whose block is the hash block and has no mask (cached < full): the
-    # core's _cache_run33, then with events the same events in the same
-    # order -- the BlockRemoved of promoted partial keys, then one
-    # BlockStored built by the line's own _build_block_stored_event, with the
-    # line's extra keys and lookahead -- without the facade's Python between.
+                      Py_ssize_t cached, Py_ssize_t full, object mask) except -1:
+    # kvpool's facade cache_full_blocks (kvpool.v0_33.block_pool), cached <
+    # full, for a group whose block is the hash block or a multiple of it
+    # over a request whose hashes are a list (the facade's two cases that
+    # index the raw hashes; a Mamba group's block mask and null blocks
+    # skipped by the core as there): the core's _cache_run33, then with
+    # events the same events in the same order -- the BlockRemoved of
+    # promoted partial keys, then one BlockStored built by the line's own
+    # _build_block_stored_event, with the line's extra keys and lookahead
+    # over the blocks stored -- without the facade's Python between.
     cdef PoolCore core = <PoolCore> p.pool_core
     cdef Py_ssize_t i, bs = g.block_size, lookahead = 0
+    cdef Py_ssize_t scale = bs // p.hash_block_size
     hashes = request.block_hashes
     if not core._events:
-        core._cache_run33(blocks, cached, full, hashes, 1, g.group_id, bs, None, None, None)
+        core._cache_run33(blocks, cached, full, hashes, scale, g.group_id, bs, mask, None, None)
         return 0
     removed = []
     stored = []
-    core._cache_run33(blocks, cached, full, hashes, 1, g.group_id, bs, None, removed, stored)
+    core._cache_run33(blocks, cached, full, hashes, scale, g.group_id, bs, mask, removed, stored)
     pool = p.pool
     if PyList_GET_SIZE(removed):
         pool._emit_block_removed_events(removed)
     use_int = _use_int_block_hashes()
-    parent = None if cached == 0 else _event_hash(hashes[cached - 1], use_int)
+    parent = None if cached == 0 else _event_hash(hashes[cached * scale - 1], use_int)
     n = PyList_GET_SIZE(stored)
     converted = PyList_New(n)
     for i in range(n):
@@ -285,7 +292,8 @@ cdef int _core_caches(ManagerPlan p, _Group g, object request, object blocks,
             lookahead))
         p.n_plain_events += 1
         return 0
-    indices = [i for i in range(cached, full) if not blocks[i].is_null]
+    indices = [i for i in range(cached, full)
+               if not blocks[i].is_null and (mask is None or mask[i - cached])]
     pool.kv_event_queue.append(pool._build_block_stored_event(
         request,
         block_hashes=converted,
