@@ -29,8 +29,9 @@ it samples with is seeded the same before each side's call); an admission
 watermark or none; a mixed-precision cache (vLLM then records new blocks for
 zeroing, ``take_new_block_ids``); a tight ``max_model_len`` or not; pools of
 10 to 48 blocks; with an align group, the states kept (every one, those a
-later request can resume at, or one per 16 tokens as well); ``max_in_flight_tokens`` 16, 64 or 2048 (the sliding
-window's admission cap).
+later request can resume at, or one per 16 tokens as well);
+``max_in_flight_tokens`` 16, 64 or 2048 (the sliding window's admission
+cap).
 
 Operations, the way vLLM's scheduler makes them, in one weighted rule
 (``ManagerMachine.OPS``; one that does not apply runs another,
