@@ -8,9 +8,9 @@ manager (before 0.30). In the overlay environment (see ``conftest.py``).
 
 ``KVPOOL_HYPOTHESIS_EXAMPLES`` examples per layout and caching (default 15
 here, about 6 s a release on the 2-core machine: ``.ci/vllm-mgr-all.sh`` runs
-every release), twice and four times as many where a run left a path
-unexercised (``manager_machine.run_until_served``); the ``ci`` profile
-makes them deterministic.
+every release), then twice as many, up to sixteen times, where a run left
+a path unexercised (``manager_machine.run_until_served``); the ``ci``
+profile makes them deterministic.
 """
 
 from __future__ import annotations
